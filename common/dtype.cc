@@ -53,7 +53,8 @@ absl::StatusOr<uint64_t> ElementCount(absl::Span<const uint64_t> shape) {
   uint64_t count = 1;
   for (uint64_t dim : shape) {
     if (dim != 0 && count > UINT64_MAX / dim) {
-      return absl::InvalidArgumentError("shape's element count overflows 64 bits");
+      return absl::InvalidArgumentError(
+          "shape's element count overflows 64 bits");
     }
     count *= dim;
   }

@@ -6,9 +6,9 @@ namespace swarm {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16,
-                      v1::DTYPE_F64, v1::DTYPE_I32, v1::DTYPE_I64, v1::DTYPE_U8,
-                      v1::DTYPE_BOOL}) {
+  for (DType dtype :
+       {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64,
+        v1::DTYPE_I32, v1::DTYPE_I64, v1::DTYPE_U8, v1::DTYPE_BOOL}) {
     absl::StatusOr<DType> parsed = ParseDTypeName(DTypeName(dtype));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, dtype);

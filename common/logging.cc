@@ -63,9 +63,10 @@ void LogLine(LogSeverity severity, absl::string_view message) {
   if (severity < state.min_severity) return;
   const std::string when = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
                                             absl::UTCTimeZone());
-  std::fprintf(stderr, "%s %c %s%s%.*s\n", when.c_str(), SeverityLetter(severity),
-               state.tag.c_str(), state.tag.empty() ? "" : "| ",
-               static_cast<int>(message.size()), message.data());
+  std::fprintf(stderr, "%s %c %s%s%.*s\n", when.c_str(),
+               SeverityLetter(severity), state.tag.c_str(),
+               state.tag.empty() ? "" : "| ", static_cast<int>(message.size()),
+               message.data());
 }
 
 }  // namespace swarm

@@ -29,10 +29,13 @@ void LogF(LogSeverity severity, const absl::FormatSpec<Args...>& format,
 
 }  // namespace swarm
 
-#define SWARM_LOG_DEBUG(...) ::swarm::LogF(::swarm::LogSeverity::kDebug, __VA_ARGS__)
-#define SWARM_LOG_INFO(...) ::swarm::LogF(::swarm::LogSeverity::kInfo, __VA_ARGS__)
+#define SWARM_LOG_DEBUG(...) \
+  ::swarm::LogF(::swarm::LogSeverity::kDebug, __VA_ARGS__)
+#define SWARM_LOG_INFO(...) \
+  ::swarm::LogF(::swarm::LogSeverity::kInfo, __VA_ARGS__)
 #define SWARM_LOG_WARNING(...) \
   ::swarm::LogF(::swarm::LogSeverity::kWarning, __VA_ARGS__)
-#define SWARM_LOG_ERROR(...) ::swarm::LogF(::swarm::LogSeverity::kError, __VA_ARGS__)
+#define SWARM_LOG_ERROR(...) \
+  ::swarm::LogF(::swarm::LogSeverity::kError, __VA_ARGS__)
 
 #endif  // SWARM_COMMON_LOGGING_H_

@@ -17,8 +17,9 @@
   } while (0)
 
 // `lhs` = value of `expr` (an absl::StatusOr<T>), or returns its status.
-#define SWARM_ASSIGN_OR_RETURN(lhs, expr) \
-  SWARM_ASSIGN_OR_RETURN_IMPL_(SWARM_CONCAT_(swarm_statusor_, __LINE__), lhs, expr)
+#define SWARM_ASSIGN_OR_RETURN(lhs, expr)                                     \
+  SWARM_ASSIGN_OR_RETURN_IMPL_(SWARM_CONCAT_(swarm_statusor_, __LINE__), lhs, \
+                               expr)
 #define SWARM_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return std::move(tmp).status();     \

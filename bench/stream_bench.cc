@@ -1,0 +1,363 @@
+// stream_bench: streams a model from a gRPC client to a gRPC server on
+// loopback, end to end (chunking, digest, assembly into the sink, digest
+// check), into the memory sink and the disk sink; and, in the same run, raw
+// loopback TCP throughput for the same byte count (two threads, a plain
+// socket, 1 MiB writes). Prints MB/s for each and, last,
+//   stream_ratio=<gRPC memory-sink MB/s / raw TCP MB/s>
+//
+//   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] [--sinks
+//   memory,disk]
+//                [--dir /tmp] [--digest xxh3|sha256]
+// Each figure is the median of --repeat runs.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "streaming/grpc_stream.h"
+
+namespace swarm {
+namespace {
+
+struct Options {
+  uint64_t size = 1ull << 30;
+  uint64_t chunk = 1ull << 20;
+  int repeat = 3;
+  bool memory = true;
+  bool disk = true;
+  std::string dir = "/tmp";
+  v1::DigestAlgorithm digest = v1::DIGEST_XXH3_128;
+};
+
+absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
+  std::string lower = absl::AsciiStrToLower(text);
+  uint64_t multiplier = 1;
+  for (auto [suffix, factor] :
+       std::vector<std::pair<std::string, uint64_t>>{{"gib", 1ull << 30},
+                                                     {"mib", 1ull << 20},
+                                                     {"kib", 1ull << 10},
+                                                     {"gb", 1000000000ull},
+                                                     {"mb", 1000000ull},
+                                                     {"kb", 1000ull}}) {
+    if (absl::EndsWith(lower, suffix)) {
+      multiplier = factor;
+      lower.resize(lower.size() - suffix.size());
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(lower, &value) || value <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read \"", text, "\" as a size (e.g. 3GiB)"));
+  }
+  return static_cast<uint64_t>(value * multiplier);
+}
+
+absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    auto value = [&]() -> absl::StatusOr<absl::string_view> {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      }
+      return absl::string_view(argv[++i]);
+    };
+    if (arg == "--size") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      SWARM_ASSIGN_OR_RETURN(options.size, ParseBytes(v));
+    } else if (arg == "--chunk") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      SWARM_ASSIGN_OR_RETURN(options.chunk, ParseBytes(v));
+    } else if (arg == "--repeat") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      if (!absl::SimpleAtoi(v, &options.repeat) || options.repeat < 1) {
+        return absl::InvalidArgumentError(
+            "--repeat must be a positive integer");
+      }
+    } else if (arg == "--sinks") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      options.memory = options.disk = false;
+      for (absl::string_view sink : absl::StrSplit(v, ',')) {
+        if (sink == "memory") {
+          options.memory = true;
+        } else if (sink == "disk") {
+          options.disk = true;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("unknown sink \"", sink, "\" (memory, disk)"));
+        }
+      }
+    } else if (arg == "--dir") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      options.dir = std::string(v);
+    } else if (arg == "--digest") {
+      SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
+      if (v == "xxh3") {
+        options.digest = v1::DIGEST_XXH3_128;
+      } else if (v == "sha256") {
+        options.digest = v1::DIGEST_SHA256;
+      } else {
+        return absl::InvalidArgumentError("--digest is xxh3 or sha256");
+      }
+    } else if (arg == "--help" || arg == "-h") {
+      std::printf(
+          "stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] "
+          "[--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]\n");
+      std::exit(0);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
+    }
+  }
+  return options;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Raw loopback TCP: one thread writes `bytes` in 1 MiB writes, another reads.
+absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
+  constexpr size_t kWrite = 1 << 20;
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 ||
+      bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  std::atomic<uint64_t> received{0};
+  std::thread reader([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    std::vector<char> buffer(kWrite);
+    uint64_t got = 0;
+    while (got < bytes) {
+      ssize_t n = read(fd, buffer.data(), buffer.size());
+      if (n <= 0) break;
+      got += n;
+    }
+    received = got;
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const absl::Time start = absl::Now();
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::InternalError(absl::StrCat("connect: ", std::strerror(errno)));
+  }
+  std::vector<char> buffer(kWrite, 'x');
+  uint64_t sent = 0;
+  while (sent < bytes) {
+    const size_t want = std::min<uint64_t>(kWrite, bytes - sent);
+    ssize_t n = write(fd, buffer.data(), want);
+    if (n <= 0) break;
+    sent += n;
+  }
+  close(fd);
+  reader.join();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  close(listener);
+  if (received != bytes) return absl::DataLossError("raw TCP lost bytes");
+  return bytes / seconds / 1e6;
+}
+
+// The receiving site: assembles SubmitResult streams into the chosen sink.
+class BenchPeer : public RawModelService {
+ public:
+  BenchPeer() {
+    AddModelUploadMethod(
+        "SubmitResult",
+        [this](grpc::ServerContext*,
+               grpc::ServerReader<grpc::ByteBuffer>* reader, v1::Reply* reply) {
+          std::unique_ptr<TensorSink> sink;
+          std::string path;
+          {
+            absl::MutexLock lock(&mu_);
+            path = disk_path_;
+          }
+          if (path.empty()) {
+            sink = std::make_unique<MemorySink>();
+          } else {
+            sink = std::make_unique<DiskSink>(path);
+          }
+          Assembler assembler(sink.get(), AssemblerOptions());
+          absl::StatusOr<Model> model = ReceiveModelStream(reader, &assembler);
+          if (!model.ok()) return ToGrpcStatus(model.status());
+          reply->set_message(absl::StrCat(model->total_bytes()));
+          return grpc::Status::OK;  // The model is dropped here.
+        });
+  }
+  void SetDiskPath(std::string path) {
+    absl::MutexLock lock(&mu_);
+    disk_path_ = std::move(path);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string disk_path_ ABSL_GUARDED_BY(mu_);
+};
+
+std::shared_ptr<const Model> MakeModel(uint64_t size) {
+  // Eight F32 tensors; xorshift contents so the digest sees real data.
+  const uint64_t elements = size / 4;
+  std::vector<TensorSpec> specs;
+  uint64_t left = elements;
+  for (int i = 0; i < 8 && left > 0; ++i) {
+    const uint64_t n = i == 7 ? left : std::min(left, elements / 8);
+    specs.push_back(*MakeTensorSpec(absl::StrCat("layer", i, ".weight"),
+                                    v1::DTYPE_F32, {n}));
+    left -= n;
+  }
+  Model model = *Model::Create(std::move(specs));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (size_t t = 0; t < model.num_tensors(); ++t) {
+    absl::Span<char> bytes = model.mutable_tensor_data(t);
+    uint64_t* words = reinterpret_cast<uint64_t*>(bytes.data());
+    for (size_t w = 0; w < bytes.size() / 8; ++w) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      words[w] = state;
+    }
+  }
+  return std::make_shared<Model>(std::move(model));
+}
+
+absl::StatusOr<double> StreamMBps(grpc::Channel* channel,
+                                  const std::shared_ptr<const Model>& model,
+                                  const Options& options) {
+  v1::ModelHeader header;
+  header.set_kind(v1::MODEL_KIND_RESULT);
+  header.set_job_id("bench");
+  header.set_sender("bench-client");
+  header.set_digest_algorithm(options.digest);
+  const absl::Time start = absl::Now();
+  SWARM_ASSIGN_OR_RETURN(std::unique_ptr<Chunker> chunker,
+                         Chunker::Create(model, header, options.chunk));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::hours(1));
+  SWARM_ASSIGN_OR_RETURN(
+      v1::Reply reply,
+      StreamModelToPeer(channel, "SubmitResult", &context, chunker.get()));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (reply.message() != absl::StrCat(model->total_bytes())) {
+    return absl::DataLossError("server assembled a different size");
+  }
+  return model->total_bytes() / seconds / 1e6;
+}
+
+int Run(const Options& options) {
+  std::printf(
+      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, "
+      "median of %d\n",
+      options.size / 1048576.0, options.chunk / 1024.0,
+      options.digest == v1::DIGEST_SHA256 ? "sha256" : "xxh3-128",
+      options.repeat);
+  std::fflush(stdout);
+  std::shared_ptr<const Model> model = MakeModel(options.size);
+
+  BenchPeer peer;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  ApplyModelStreamArgs(&builder, AssemblerLimits());
+  builder.RegisterService(&peer);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "cannot start the gRPC server on loopback\n");
+    return 1;
+  }
+  grpc::ChannelArguments args;
+  ApplyModelStreamArgs(&args, AssemblerLimits());
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                grpc::InsecureChannelCredentials(), args);
+
+  auto measure = [&](const char* what, auto run) -> absl::StatusOr<double> {
+    std::vector<double> figures;
+    for (int i = 0; i < options.repeat; ++i) {
+      absl::StatusOr<double> mbps = run();
+      if (!mbps.ok()) return mbps.status();
+      figures.push_back(*mbps);
+    }
+    const double median = Median(figures);
+    std::printf("%-22s %9.1f MB/s  (runs:", what, median);
+    for (double f : figures) std::printf(" %.0f", f);
+    std::printf(")\n");
+    std::fflush(stdout);
+    return median;
+  };
+
+  absl::StatusOr<double> tcp =
+      measure("raw loopback TCP", [&] { return RawTcpMBps(options.size); });
+  if (!tcp.ok()) {
+    std::fprintf(stderr, "raw TCP: %s\n", tcp.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<double> memory = 0.0;
+  if (options.memory) {
+    peer.SetDiskPath("");
+    memory = measure("gRPC -> memory sink",
+                     [&] { return StreamMBps(channel.get(), model, options); });
+    if (!memory.ok()) {
+      std::fprintf(stderr, "memory sink: %s\n",
+                   memory.status().ToString().c_str());
+      return 1;
+    }
+  }
+  if (options.disk) {
+    const std::string path =
+        (std::filesystem::path(options.dir) /
+         absl::StrCat("stream_bench.", getpid(), ".safetensors"))
+            .string();
+    peer.SetDiskPath(path);
+    absl::StatusOr<double> disk = measure("gRPC -> disk sink", [&] {
+      return StreamMBps(channel.get(), model, options);
+    });
+    std::filesystem::remove(path);
+    if (!disk.ok()) {
+      std::fprintf(stderr, "disk sink: %s\n", disk.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("disk_ratio=%.3f\n", *disk / *tcp);
+  }
+  server->Shutdown();
+  if (options.memory) std::printf("stream_ratio=%.3f\n", *memory / *tcp);
+  return 0;
+}
+
+}  // namespace
+}  // namespace swarm
+
+int main(int argc, char** argv) {
+  absl::StatusOr<swarm::Options> options = swarm::ParseOptions(argc, argv);
+  if (!options.ok()) {
+    std::fprintf(stderr, "stream_bench: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  return swarm::Run(*options);
+}

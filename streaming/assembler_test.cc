@@ -1,0 +1,346 @@
+#include "streaming/assembler.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+#include "streaming/chunker.h"
+#include "streaming/test_models.h"
+
+namespace swarm {
+namespace {
+
+using testing_models::BitIdentical;
+using testing_models::MultiDtypeModel;
+
+// The frames a sender produces for `model`.
+std::vector<v1::ModelFrame> Frames(std::shared_ptr<const Model> model,
+                                   uint64_t chunk_size = 4096) {
+  v1::ModelHeader header;
+  header.set_kind(v1::MODEL_KIND_RESULT);
+  header.set_job_id("job");
+  header.set_round(3);
+  header.set_sender("site-a");
+  auto chunker = *Chunker::Create(model, header, chunk_size);
+  std::vector<v1::ModelFrame> frames(1);
+  *frames[0].mutable_header() = chunker->header();
+  while (auto chunk = chunker->NextChunk()) {
+    v1::ModelFrame frame;
+    frame.mutable_chunk()->set_tensor_index(chunk->tensor_index);
+    frame.mutable_chunk()->set_offset(chunk->offset);
+    frame.mutable_chunk()->set_data(std::string(chunk->data));
+    frames.push_back(std::move(frame));
+  }
+  v1::ModelFrame trailer;
+  *trailer.mutable_trailer() = chunker->Trailer();
+  frames.push_back(std::move(trailer));
+  return frames;
+}
+
+// Feeds frames; returns the first error, or Finish()'s result.
+absl::StatusOr<Model> Feed(const std::vector<v1::ModelFrame>& frames,
+                           TensorSink* sink, AssemblerOptions options = {}) {
+  Assembler assembler(sink, std::move(options));
+  for (const v1::ModelFrame& frame : frames) {
+    absl::Status status = assembler.OnFrame(frame);
+    if (!status.ok()) return status;
+  }
+  return assembler.Finish();
+}
+
+std::shared_ptr<const Model> SmallModel() {
+  return std::make_shared<Model>(MultiDtypeModel(64 << 10, 11));
+}
+
+void ExpectError(const absl::StatusOr<Model>& result, absl::StatusCode code,
+                 absl::string_view text) {
+  ASSERT_FALSE(result.ok()) << "expected an error containing: " << text;
+  EXPECT_EQ(result.status().code(), code) << result.status();
+  EXPECT_NE(result.status().message().find(text), absl::string_view::npos)
+      << result.status();
+}
+
+TEST(AssemblerTest, MemorySinkRoundTrip) {
+  auto model = SmallModel();
+  MemorySink sink;
+  absl::StatusOr<Model> out = Feed(Frames(model), &sink);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(BitIdentical(*model, *out));
+  EXPECT_EQ(out->metadata().at("job"), "job");
+  EXPECT_EQ(out->metadata().at("round"), "3");
+  EXPECT_EQ(out->metadata().at("sender"), "site-a");
+}
+
+TEST(AssemblerTest, AcceptsChunksOutOfOrderWhenTheDigestMatchesThatOrder) {
+  auto model = SmallModel();
+  std::vector<v1::ModelFrame> frames = Frames(model);
+  // Reverse the chunks and recompute the digest over the new order.
+  std::reverse(frames.begin() + 1, frames.end() - 1);
+  auto digest = *StreamDigest::Create(v1::DIGEST_XXH3_128);
+  for (size_t i = 1; i + 1 < frames.size(); ++i) {
+    digest->AddChunk(frames[i].chunk().tensor_index(),
+                     frames[i].chunk().offset(), frames[i].chunk().data());
+  }
+  frames.back().mutable_trailer()->set_digest(digest->Finish());
+  MemorySink sink;
+  absl::StatusOr<Model> out = Feed(frames, &sink);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(BitIdentical(*model, *out));
+}
+
+TEST(AssemblerTest, ReorderedChunksFailTheDigest) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  std::swap(frames[1], frames[2]);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "digest mismatch");
+}
+
+TEST(AssemblerTest, ChunkPastTensorEnd) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  const uint64_t size = frames[0].header().tensors(0).byte_size();
+  frames[1].mutable_chunk()->set_offset(size - 10);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "runs past the end of tensor \"layer0.weight\"");
+}
+
+TEST(AssemblerTest, OffsetOverflowIsPastTheEnd) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames[1].mutable_chunk()->set_offset(UINT64_MAX - 5);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "runs past the end");
+}
+
+TEST(AssemblerTest, OverlappingChunk) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  ASSERT_EQ(frames[2].chunk().tensor_index(), 0u);
+  frames[2].mutable_chunk()->set_offset(100);  // overlaps [0, 4096)
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "overlaps bytes already received");
+}
+
+TEST(AssemblerTest, DuplicateChunkOverlaps) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames.insert(frames.begin() + 2, frames[1]);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "overlaps");
+}
+
+TEST(AssemblerTest, MissingChunk) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames.erase(frames.begin() + 2);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "tensor \"layer0.weight\" is missing bytes from offset 4096");
+}
+
+TEST(AssemblerTest, UnknownTensorIndex) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames[1].mutable_chunk()->set_tensor_index(99);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "unknown tensor index 99");
+}
+
+TEST(AssemblerTest, FramesAfterTrailer) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames.push_back(frames[1]);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "frame after the trailer");
+  frames.back() = frames[frames.size() - 2];  // a second trailer
+  MemorySink sink2;
+  ExpectError(Feed(frames, &sink2), absl::StatusCode::kInvalidArgument,
+              "frame after the trailer");
+}
+
+TEST(AssemblerTest, StreamEndsWithoutTrailer) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames.pop_back();
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "stream ended without a trailer");
+}
+
+TEST(AssemblerTest, StreamEndsBeforeHeader) {
+  MemorySink sink;
+  ExpectError(Feed({}, &sink), absl::StatusCode::kDataLoss,
+              "stream ended before the header");
+}
+
+TEST(AssemblerTest, DigestMismatch) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  (*frames[3].mutable_chunk()->mutable_data())[17] ^= 0x40;
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "digest mismatch");
+}
+
+TEST(AssemblerTest, ChunkCountMismatch) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames.back().mutable_trailer()->set_chunk_count(1);
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "trailer counts 1 chunks");
+}
+
+TEST(AssemblerTest, ChunkBeforeHeaderAndSecondHeader) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  MemorySink sink;
+  ExpectError(Feed({frames[1]}, &sink), absl::StatusCode::kInvalidArgument,
+              "chunk before the header");
+  MemorySink sink2;
+  ExpectError(Feed({frames[0], frames[0]}, &sink2),
+              absl::StatusCode::kInvalidArgument, "second header");
+}
+
+TEST(AssemblerTest, EmptyChunkAndEmptyFrame) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  frames[1].mutable_chunk()->clear_data();
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kInvalidArgument,
+              "empty chunk");
+  MemorySink sink2;
+  ExpectError(Feed({frames[0], v1::ModelFrame()}, &sink2),
+              absl::StatusCode::kInvalidArgument, "empty frame");
+}
+
+TEST(AssemblerTest, BadHeaders) {
+  const v1::ModelFrame good = Frames(SmallModel())[0];
+  struct Case {
+    std::function<void(v1::ModelHeader*)> mutate;
+    const char* error;
+  };
+  const Case cases[] = {
+      {[](v1::ModelHeader* h) {
+         h->mutable_tensors(1)->set_name("layer0.weight");
+       },
+       "duplicate tensor name \"layer0.weight\""},
+      {[](v1::ModelHeader* h) { h->mutable_tensors(2)->set_byte_size(5); },
+       "tensor \"layer2.weight\": byte_size 5 differs"},
+      {[](v1::ModelHeader* h) {
+         h->mutable_tensors(0)->set_dtype(static_cast<v1::DType>(99));
+       },
+       "unknown dtype value 99"},
+      {[](v1::ModelHeader* h) { h->mutable_tensors(0)->clear_name(); },
+       "empty name"},
+      {[](v1::ModelHeader* h) { h->set_total_bytes(h->total_bytes() + 1); },
+       "differs from the tensors' sum"},
+      {[](v1::ModelHeader* h) {
+         h->set_digest_algorithm(static_cast<v1::DigestAlgorithm>(9));
+       },
+       "unknown digest algorithm"},
+      {[](v1::ModelHeader* h) {
+         h->mutable_tensors(0)->add_shape(1ull << 40);
+         h->mutable_tensors(0)->add_shape(1ull << 40);
+       },
+       "overflows"},
+  };
+  for (const Case& c : cases) {
+    v1::ModelFrame frame = good;
+    c.mutate(frame.mutable_header());
+    MemorySink sink;
+    ExpectError(Feed({frame}, &sink), absl::StatusCode::kInvalidArgument,
+                c.error);
+  }
+}
+
+TEST(AssemblerTest, LimitsAreEnforced) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  AssemblerOptions small_model;
+  small_model.limits.max_model_bytes = 1000;
+  MemorySink sink;
+  ExpectError(Feed(frames, &sink, small_model),
+              absl::StatusCode::kInvalidArgument, "exceeds the limit of 1000");
+  AssemblerOptions small_header;
+  small_header.limits.max_header_bytes = 50;
+  MemorySink sink2;
+  ExpectError(Feed(frames, &sink2, small_header),
+              absl::StatusCode::kInvalidArgument, "header of");
+}
+
+TEST(AssemblerTest, ExpectedLayoutMismatchNamesTheTensor) {
+  auto model = SmallModel();
+  std::vector<TensorSpec> expected = model->specs();
+  expected[3].shape[0] += 1;
+  expected[3].byte_size += expected[3].shape[1] * DTypeSize(expected[3].dtype);
+  AssemblerOptions options;
+  options.expected_specs = expected;
+  MemorySink sink;
+  ExpectError(Feed(Frames(model), &sink, options),
+              absl::StatusCode::kInvalidArgument,
+              "tensor \"layer3.weight\" differs in dtype or shape");
+  expected = model->specs();
+  expected.pop_back();
+  options.expected_specs = expected;
+  MemorySink sink2;
+  ExpectError(Feed(Frames(model), &sink2, options),
+              absl::StatusCode::kInvalidArgument,
+              "tensor \"empty\" is not in the round's model");
+}
+
+class DiskSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("disk_sink_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  size_t FilesInDir() const {
+    size_t n = 0;
+    for (auto& entry : std::filesystem::directory_iterator(dir_)) {
+      (void)entry;
+      ++n;
+    }
+    return n;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(DiskSinkTest, WritesSafetensorsAndMapsItBack) {
+  auto model = SmallModel();
+  const std::string path = (dir_ / "m.safetensors").string();
+  DiskSink sink(path);
+  absl::StatusOr<Model> out = Feed(Frames(model), &sink);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(BitIdentical(*model, *out));
+  EXPECT_FALSE(out->writable());
+  absl::StatusOr<Model> reread = Model::LoadSafetensors(path);
+  ASSERT_TRUE(reread.ok()) << reread.status();
+  EXPECT_TRUE(BitIdentical(*model, *reread));
+  EXPECT_EQ(reread->metadata().at("sender"), "site-a");
+  EXPECT_EQ(FilesInDir(), 1u);
+}
+
+TEST_F(DiskSinkTest, FailedStreamLeavesNoFileAndKeepsTheOldOne) {
+  auto old_model = std::make_shared<Model>(MultiDtypeModel(16 << 10, 1));
+  const std::string path = (dir_ / "m.safetensors").string();
+  ASSERT_TRUE(old_model->SaveSafetensors(path).ok());
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  (*frames[2].mutable_chunk()->mutable_data())[0] ^= 1;
+  DiskSink sink(path);
+  ExpectError(Feed(frames, &sink), absl::StatusCode::kDataLoss,
+              "digest mismatch");
+  EXPECT_EQ(FilesInDir(), 1u);  // no temporary left behind
+  absl::StatusOr<Model> reread = Model::LoadSafetensors(path);
+  ASSERT_TRUE(reread.ok()) << reread.status();
+  EXPECT_TRUE(BitIdentical(*old_model, *reread));
+
+  frames = Frames(SmallModel());
+  frames.resize(frames.size() / 2);  // cut off in the middle
+  DiskSink sink2(path);
+  ExpectError(Feed(frames, &sink2), absl::StatusCode::kDataLoss,
+              "without a trailer");
+  EXPECT_EQ(FilesInDir(), 1u);
+}
+
+}  // namespace
+}  // namespace swarm

@@ -1,0 +1,79 @@
+#include "streaming/digest.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace swarm {
+namespace {
+
+class Xxh3Digest final : public StreamDigest {
+ public:
+  Xxh3Digest() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
+  ~Xxh3Digest() override { XXH3_freeState(state_); }
+  std::string Finish() override {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state_));
+    return std::string(reinterpret_cast<const char*>(canonical.digest),
+                       sizeof(canonical.digest));
+  }
+
+ protected:
+  void Update(const void* data, size_t size) override {
+    XXH3_128bits_update(state_, data, size);
+  }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+class Sha256Digest final : public StreamDigest {
+ public:
+  Sha256Digest() : ctx_(EVP_MD_CTX_new()) {
+    EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr);
+  }
+  ~Sha256Digest() override { EVP_MD_CTX_free(ctx_); }
+  std::string Finish() override {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    EVP_DigestFinal_ex(ctx_, out, &size);
+    return std::string(reinterpret_cast<const char*>(out), size);
+  }
+
+ protected:
+  void Update(const void* data, size_t size) override {
+    EVP_DigestUpdate(ctx_, data, size);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StreamDigest>> StreamDigest::Create(
+    v1::DigestAlgorithm algorithm) {
+  switch (algorithm) {
+    case v1::DIGEST_XXH3_128:
+      return std::unique_ptr<StreamDigest>(new Xxh3Digest);
+    case v1::DIGEST_SHA256:
+      return std::unique_ptr<StreamDigest>(new Sha256Digest);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown digest algorithm ", static_cast<int>(algorithm)));
+  }
+}
+
+void StreamDigest::AddChunk(uint32_t tensor_index, uint64_t offset,
+                            absl::string_view data) {
+  unsigned char prefix[20];
+  const uint64_t length = data.size();
+  for (int i = 0; i < 4; ++i) prefix[i] = (tensor_index >> (8 * i)) & 0xff;
+  for (int i = 0; i < 8; ++i) prefix[4 + i] = (offset >> (8 * i)) & 0xff;
+  for (int i = 0; i < 8; ++i) prefix[12 + i] = (length >> (8 * i)) & 0xff;
+  Update(prefix, sizeof(prefix));
+  Update(data.data(), data.size());
+}
+
+}  // namespace swarm

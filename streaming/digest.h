@@ -1,0 +1,36 @@
+// The end-to-end digest of a model stream (see ModelTrailer in swarm.proto):
+// for every chunk in stream order, tensor_index (u32 LE), offset (u64 LE),
+// length (u64 LE), then the chunk's bytes.
+#ifndef SWARM_STREAMING_DIGEST_H_
+#define SWARM_STREAMING_DIGEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/swarm.pb.h"
+
+namespace swarm {
+
+class StreamDigest {
+ public:
+  // InvalidArgument for an unknown algorithm value.
+  static absl::StatusOr<std::unique_ptr<StreamDigest>> Create(
+      v1::DigestAlgorithm algorithm);
+  virtual ~StreamDigest() = default;
+
+  // Adds one chunk.
+  void AddChunk(uint32_t tensor_index, uint64_t offset, absl::string_view data);
+  // The digest bytes. Call once, after the last chunk.
+  virtual std::string Finish() = 0;
+
+ protected:
+  StreamDigest() = default;
+  virtual void Update(const void* data, size_t size) = 0;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_STREAMING_DIGEST_H_

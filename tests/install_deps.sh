@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Swarm needs to build, test and run, when missing.
+# Runs `apt-get update` at most once. Needs root (or sudo) only if something is
+# missing.
+set -euo pipefail
+
+SWARM_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libssl-dev libgtest-dev libgmock-dev
+  libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
+  python3 python3-numpy
+)
+
+swarm_install_packages() {
+  local missing=()
+  local pkg
+  for pkg in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
+    return 0
+  fi
+  echo "Installing missing Debian packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  swarm_install_packages "${SWARM_PACKAGES[@]}" "$@"
+fi
