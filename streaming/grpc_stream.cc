@@ -2,6 +2,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <utility>
@@ -20,6 +21,9 @@ constexpr uint32_t kChunkDataTag = (3 << 3) | 2;
 
 // Framing around the largest chunk or header: tags, lengths, gRPC prefix.
 constexpr int kFrameOverhead = 4096;
+
+// Initial HTTP/2 stream window; see ApplyModelStreamArgs.
+constexpr int kStreamWindowBytes = 32 << 20;
 
 uint8_t* PutVarint(uint64_t value, uint8_t* out) {
   while (value >= 0x80) {
@@ -114,6 +118,10 @@ void ApplyModelStreamArgs(grpc::ChannelArguments* args,
   args->SetMaxSendMessageSize(MaxModelFrameMessageBytes(limits));
   // Fewer, larger HTTP/2 DATA frames (the protocol's maximum).
   args->SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  // Start with a flow-control window of several chunks instead of 64 KiB, so
+  // a new stream runs at full speed at once instead of waiting for the
+  // bandwidth-delay estimate to grow it.
+  args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
 }
 
 void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
@@ -121,6 +129,15 @@ void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
   builder->SetMaxReceiveMessageSize(MaxModelFrameMessageBytes(limits));
   builder->SetMaxSendMessageSize(MaxModelFrameMessageBytes(limits));
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                              kStreamWindowBytes);
+}
+
+void TuneMallocForModelStreams() {
+  // Served from the heap up to 32 MiB (glibc's maximum for this setting)...
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  // ...and up to 256 MiB of free heap top kept instead of trimmed.
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 grpc::ByteBuffer EncodeHeaderFrame(const v1::ModelHeader& header) {

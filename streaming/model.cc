@@ -4,10 +4,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "persist/mapped_file.h"
 #include "persist/safetensors.h"
@@ -18,6 +22,7 @@ namespace {
 constexpr uint64_t kTensorAlignment = 64;
 // Below this, huge pages are not worth asking for.
 constexpr uint64_t kHugePageThreshold = 4ull << 20;
+constexpr uint64_t kHugePageSize = 2ull << 20;
 
 // Keeps a mapped safetensors file alive under a model.
 class MappedFileStorage final : public ModelStorage {
@@ -107,30 +112,116 @@ v1::TensorInfo TensorSpecToInfo(const TensorSpec& spec) {
   return info;
 }
 
+namespace {
+
+// Idle blocks of freed HeapStorage, by mapped size.
+class StoragePool {
+ public:
+  static StoragePool& Get() {
+    static StoragePool* pool = new StoragePool;
+    return *pool;
+  }
+  // A block of exactly `mapped_size` bytes, or nullptr.
+  char* Take(uint64_t mapped_size) {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find(mapped_size);
+    if (it == idle_.end()) return nullptr;
+    char* block = it->second;
+    idle_.erase(it);
+    idle_bytes_ -= mapped_size;
+    return block;
+  }
+  // Keeps `block` if the pool has room; else returns false.
+  bool Give(char* block, uint64_t mapped_size) {
+    absl::MutexLock lock(&mu_);
+    if (idle_bytes_ + mapped_size > limit_) return false;
+    idle_.emplace(mapped_size, block);
+    idle_bytes_ += mapped_size;
+    return true;
+  }
+  void SetLimit(uint64_t bytes) {
+    std::vector<std::pair<uint64_t, char*>> released;
+    {
+      absl::MutexLock lock(&mu_);
+      limit_ = bytes;
+      while (idle_bytes_ > limit_ && !idle_.empty()) {
+        auto it = std::prev(idle_.end());
+        released.emplace_back(it->first, it->second);
+        idle_bytes_ -= it->first;
+        idle_.erase(it);
+      }
+    }
+    for (auto& [size, block] : released) munmap(block, size);
+  }
+  uint64_t idle_bytes() {
+    absl::MutexLock lock(&mu_);
+    return idle_bytes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::multimap<uint64_t, char*> idle_ ABSL_GUARDED_BY(mu_);
+  uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t limit_ ABSL_GUARDED_BY(mu_) = 2ull << 30;
+};
+
+uint64_t RoundUp(uint64_t value, uint64_t to) {
+  return (value + to - 1) / to * to;
+}
+
+}  // namespace
+
+void SetHeapStorageRecycleLimit(uint64_t bytes) {
+  StoragePool::Get().SetLimit(bytes);
+}
+
+uint64_t HeapStorageRecycledBytes() { return StoragePool::Get().idle_bytes(); }
+
 absl::StatusOr<std::shared_ptr<HeapStorage>> HeapStorage::Allocate(
-    uint64_t size) {
+    uint64_t size, Init init) {
   if (size == 0) {
-    return std::shared_ptr<HeapStorage>(new HeapStorage(nullptr, 0));
+    return std::shared_ptr<HeapStorage>(new HeapStorage(nullptr, 0, 0));
   }
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (data == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", size,
-                     " bytes for a model: ", std::strerror(errno)));
+  if (size > UINT64_MAX - kHugePageSize) {
+    return absl::ResourceExhaustedError("model size overflows 64 bits");
   }
-  if (size >= kHugePageThreshold) {
-    madvise(data, size, MADV_HUGEPAGE);  // A hint; failure is harmless.
+  const uint64_t mapped_size =
+      RoundUp(size, size >= kHugePageThreshold ? kHugePageSize : 4096);
+  char* data = nullptr;
+  if (mapped_size >= kMinRecycledBytes) {
+    data = StoragePool::Get().Take(mapped_size);
+    if (data != nullptr && init == Init::kZeroed) {
+      std::memset(data, 0, size);
+    }
   }
-  return std::shared_ptr<HeapStorage>(
-      new HeapStorage(static_cast<char*>(data), size));
+  if (data == nullptr) {
+    void* fresh = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", size,
+                       " bytes for a model: ", std::strerror(errno)));
+    }
+    if (mapped_size >= kHugePageThreshold) {
+      madvise(fresh, mapped_size,
+              MADV_HUGEPAGE);  // A hint; failure is harmless.
+    }
+    data = static_cast<char*>(fresh);
+  }
+  return std::shared_ptr<HeapStorage>(new HeapStorage(data, size, mapped_size));
 }
 
 HeapStorage::~HeapStorage() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (data_ == nullptr) return;
+  if (mapped_size_ >= kMinRecycledBytes &&
+      StoragePool::Get().Give(data_, mapped_size_)) {
+    return;
+  }
+  munmap(data_, mapped_size_);
 }
 
-absl::StatusOr<Model> Model::Create(std::vector<TensorSpec> specs) {
+absl::StatusOr<Model> Model::Create(std::vector<TensorSpec> specs,
+                                    HeapStorage::Init init) {
   SWARM_RETURN_IF_ERROR(CheckUniqueNames(specs));
   std::vector<uint64_t> offsets;
   offsets.reserve(specs.size());
@@ -146,7 +237,7 @@ absl::StatusOr<Model> Model::Create(std::vector<TensorSpec> specs) {
     end = begin + spec.byte_size;
   }
   SWARM_ASSIGN_OR_RETURN(std::shared_ptr<HeapStorage> storage,
-                         HeapStorage::Allocate(end));
+                         HeapStorage::Allocate(end, init));
   return FromStorage(std::move(specs), std::move(offsets), std::move(storage));
 }
 
@@ -211,7 +302,8 @@ absl::Status Model::SaveSafetensors(const std::string& path) const {
 }
 
 absl::StatusOr<Model> Model::Clone() const {
-  SWARM_ASSIGN_OR_RETURN(Model copy, Create(specs_));
+  SWARM_ASSIGN_OR_RETURN(Model copy,
+                         Create(specs_, HeapStorage::Init::kUninitialized));
   for (size_t i = 0; i < specs_.size(); ++i) {
     const absl::string_view from = tensor_data(i);
     if (!from.empty()) {

@@ -53,11 +53,21 @@ class ModelStorage {
   virtual uint64_t size() const = 0;
 };
 
-// Zero-filled anonymous memory (mmap), with transparent huge pages requested
-// for large blocks. Not copyable.
+// Anonymous memory (mmap), with transparent huge pages requested for large
+// blocks. Not copyable.
+//
+// Freed blocks of at least kMinRecycledBytes go to a process-wide pool (up to
+// SetHeapStorageRecycleLimit bytes idle) and are handed out again for the
+// same rounded size: a site receives a model of the same size every round,
+// and fresh memory costs a page fault and a page clear per 2 MiB / 4 KiB,
+// which at loopback speeds is a large share of a transfer.
 class HeapStorage final : public ModelStorage {
  public:
-  static absl::StatusOr<std::shared_ptr<HeapStorage>> Allocate(uint64_t size);
+  static constexpr uint64_t kMinRecycledBytes = 1ull << 20;
+  enum class Init { kZeroed, kUninitialized };
+  // kUninitialized is for callers that overwrite every byte (e.g. sinks).
+  static absl::StatusOr<std::shared_ptr<HeapStorage>> Allocate(
+      uint64_t size, Init init = Init::kZeroed);
   ~HeapStorage() override;
   HeapStorage(const HeapStorage&) = delete;
   HeapStorage& operator=(const HeapStorage&) = delete;
@@ -67,10 +77,17 @@ class HeapStorage final : public ModelStorage {
   uint64_t size() const override { return size_; }
 
  private:
-  HeapStorage(char* data, uint64_t size) : data_(data), size_(size) {}
+  HeapStorage(char* data, uint64_t size, uint64_t mapped_size)
+      : data_(data), size_(size), mapped_size_(mapped_size) {}
   char* data_;
   uint64_t size_;
+  uint64_t mapped_size_;
 };
+
+// Most bytes of freed HeapStorage kept for reuse (default 2 GiB; 0 disables).
+void SetHeapStorageRecycleLimit(uint64_t bytes);
+// Bytes currently idle in the pool (for tests and status).
+uint64_t HeapStorageRecycledBytes();
 
 class Model {
  public:
@@ -83,7 +100,9 @@ class Model {
 
   // Allocates zeroed, writable storage for `specs` (names must be unique).
   // Each tensor starts at a 64-byte aligned address.
-  static absl::StatusOr<Model> Create(std::vector<TensorSpec> specs);
+  static absl::StatusOr<Model> Create(
+      std::vector<TensorSpec> specs,
+      HeapStorage::Init init = HeapStorage::Init::kZeroed);
 
   // A model over existing storage: tensor i occupies
   // [offsets[i], offsets[i] + specs[i].byte_size) of `storage`.

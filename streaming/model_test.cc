@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -26,6 +27,26 @@ TEST(ModelTest, CreateAlignsAndZeroes) {
   for (char c : model->tensor_data(1)) EXPECT_EQ(c, 0);
   EXPECT_EQ(model->FindTensor("b"), 1);
   EXPECT_EQ(model->FindTensor("c"), -1);
+}
+
+TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
+  const std::vector<TensorSpec> specs = {
+      *MakeTensorSpec("w", v1::DTYPE_F32, {3, 1 << 20})};  // 12 MiB
+  const char* first = nullptr;
+  {
+    Model model = *Model::Create(specs);
+    first = model.tensor_data(0).data();
+    std::memset(model.mutable_tensor_data(0).data(), 0x5a, 1000);
+  }
+  EXPECT_GE(HeapStorageRecycledBytes(), 12u << 20);
+  Model again = *Model::Create(specs);
+  EXPECT_EQ(again.tensor_data(0).data(), first);  // the same block, reused
+  for (char c : again.tensor_data(0).substr(0, 1000)) ASSERT_EQ(c, 0);
+  SetHeapStorageRecycleLimit(0);
+  EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
+  { Model dropped = *Model::Create(specs); }
+  EXPECT_EQ(HeapStorageRecycledBytes(), 0u);  // limit 0: nothing kept
+  SetHeapStorageRecycleLimit(2ull << 30);
 }
 
 TEST(ModelTest, RefusesDuplicateNamesAndWrongSizes) {
