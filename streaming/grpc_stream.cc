@@ -238,8 +238,10 @@ absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
       [&](const grpc::ByteBuffer& frame) { return writer->Write(frame); });
   if (written) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  // An OK status with a reply means the peer decided, even if it stopped
+  // reading early (e.g. it refused the header); the reply says why.
   if (!status.ok()) return ToAbslStatus(status);
-  if (!written) {
+  if (!written && reply.message().empty()) {
     return absl::UnavailableError(
         absl::StrCat("model stream to ", path, " broke"));
   }

@@ -1,6 +1,7 @@
 #include "streaming/model.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -162,7 +163,11 @@ class StoragePool {
   absl::Mutex mu_;
   std::multimap<uint64_t, char*> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t limit_ ABSL_GUARDED_BY(mu_) = 2ull << 30;
+  // A quarter of physical memory: enough to keep a large model's buffers
+  // from one round to the next.
+  uint64_t limit_ ABSL_GUARDED_BY(mu_) =
+      static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) /
+      4;
 };
 
 uint64_t RoundUp(uint64_t value, uint64_t to) {
@@ -289,6 +294,12 @@ absl::StatusOr<Model> Model::LoadSafetensors(const std::string& path) {
 }
 
 absl::Status Model::SaveSafetensors(const std::string& path) const {
+  return SaveSafetensors(path, metadata_);
+}
+
+absl::Status Model::SaveSafetensors(
+    const std::string& path,
+    const std::map<std::string, std::string>& metadata) const {
   std::vector<persist::TensorDecl> decls;
   std::vector<absl::string_view> data;
   decls.reserve(specs_.size());
@@ -297,7 +308,7 @@ absl::Status Model::SaveSafetensors(const std::string& path) const {
     data.push_back(tensor_data(i));
   }
   SWARM_ASSIGN_OR_RETURN(persist::SafetensorsLayout layout,
-                         persist::MakeSafetensorsLayout(decls, metadata_));
+                         persist::MakeSafetensorsLayout(decls, metadata));
   return persist::WriteSafetensorsFile(path, layout, data);
 }
 

@@ -84,7 +84,8 @@ class HeapStorage final : public ModelStorage {
   uint64_t mapped_size_;
 };
 
-// Most bytes of freed HeapStorage kept for reuse (default 2 GiB; 0 disables).
+// Most bytes of freed HeapStorage kept for reuse (default: a quarter of the
+// physical memory; 0 disables).
 void SetHeapStorageRecycleLimit(uint64_t bytes);
 // Bytes currently idle in the pool (for tests and status).
 uint64_t HeapStorageRecycledBytes();
@@ -117,6 +118,10 @@ class Model {
   // Writes the model as a safetensors file atomically (temp, fsync, rename,
   // fsync dir), with metadata() as `__metadata__`.
   absl::Status SaveSafetensors(const std::string& path) const;
+  // The same with `metadata` instead of metadata().
+  absl::Status SaveSafetensors(
+      const std::string& path,
+      const std::map<std::string, std::string>& metadata) const;
 
   // A deep copy into new writable memory.
   absl::StatusOr<Model> Clone() const;

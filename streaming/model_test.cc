@@ -46,7 +46,7 @@ TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
   { Model dropped = *Model::Create(specs); }
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);  // limit 0: nothing kept
-  SetHeapStorageRecycleLimit(2ull << 30);
+  SetHeapStorageRecycleLimit(1ull << 30);
 }
 
 TEST(ModelTest, RefusesDuplicateNamesAndWrongSizes) {

@@ -9,11 +9,7 @@
 #include "persist/safetensors.h"
 
 namespace swarm {
-namespace {
-
-// Metadata kept with an assembled model: the header's metadata plus job,
-// round, kind and sender where the sender did not set them itself.
-std::map<std::string, std::string> HeaderMetadata(
+std::map<std::string, std::string> ModelMetadataFromHeader(
     const v1::ModelHeader& header) {
   std::map<std::string, std::string> metadata(header.metadata().begin(),
                                               header.metadata().end());
@@ -24,15 +20,13 @@ std::map<std::string, std::string> HeaderMetadata(
   return metadata;
 }
 
-}  // namespace
-
 absl::Status MemorySink::Begin(const v1::ModelHeader& header,
                                const std::vector<TensorSpec>& specs) {
   if (begun_) return absl::FailedPreconditionError("sink already begun");
   // Every byte is overwritten: the Assembler checks full coverage.
   SWARM_ASSIGN_OR_RETURN(
       model_, Model::Create(specs, HeapStorage::Init::kUninitialized));
-  model_.metadata() = HeaderMetadata(header);
+  model_.metadata() = ModelMetadataFromHeader(header);
   begun_ = true;
   return absl::OkStatus();
 }
@@ -73,7 +67,7 @@ absl::Status DiskSink::Begin(const v1::ModelHeader& header,
   }
   SWARM_ASSIGN_OR_RETURN(
       persist::SafetensorsLayout layout,
-      persist::MakeSafetensorsLayout(decls, HeaderMetadata(header)));
+      persist::MakeSafetensorsLayout(decls, ModelMetadataFromHeader(header)));
   SWARM_ASSIGN_OR_RETURN(std::string prefix,
                          persist::EncodeSafetensorsPrefix(layout));
   if (layout.data_size > UINT64_MAX - prefix.size()) {

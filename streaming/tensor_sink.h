@@ -3,6 +3,7 @@
 #define SWARM_STREAMING_TENSOR_SINK_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,11 @@ namespace swarm {
 namespace persist {
 class WritableMappedFile;
 }
+
+// The metadata an assembled model carries: the header's metadata plus "job",
+// "round", "sender" and "kind" where the sender did not set them.
+std::map<std::string, std::string> ModelMetadataFromHeader(
+    const v1::ModelHeader& header);
 
 // The Assembler calls, in order: Begin once; then WritableRange and
 // CommitRange for each chunk (ranges are validated: inside the tensor, never

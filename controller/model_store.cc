@@ -1,0 +1,94 @@
+#include "controller/model_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace swarm {
+
+absl::Status WorkspaceModelStore::SaveJobConfig(const v1::JobConfig& job) {
+  SWARM_RETURN_IF_ERROR(workspace_.EnsureJobDirs(job.job_id()));
+  return workspace_.WriteJobConfig(job);
+}
+
+absl::Status WorkspaceModelStore::SaveState(const v1::JobState& state) {
+  return workspace_.WriteState(state);
+}
+
+absl::Status WorkspaceModelStore::SaveGlobal(const std::string& job,
+                                             uint32_t round,
+                                             const Model& model) {
+  return model.SaveSafetensors(workspace_.GlobalModelPath(job));
+}
+
+absl::Status WorkspaceModelStore::SaveFinal(
+    const std::string& job, v1::ModelKind kind, const Model& model,
+    const std::map<std::string, std::string>& metadata) {
+  if (kind == v1::MODEL_KIND_BEST) {
+    return model.SaveSafetensors(workspace_.BestModelPath(job), metadata);
+  }
+  if (kind == v1::MODEL_KIND_LAST) {
+    return model.SaveSafetensors(workspace_.LastModelPath(job), metadata);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("not a final model kind: ", v1::ModelKind_Name(kind)));
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadFinal(
+    const std::string& job, v1::ModelKind kind) {
+  const std::string path = kind == v1::MODEL_KIND_BEST
+                               ? workspace_.BestModelPath(job)
+                               : workspace_.LastModelPath(job);
+  SWARM_ASSIGN_OR_RETURN(Model model, Model::LoadSafetensors(path));
+  return std::make_shared<const Model>(std::move(model));
+}
+
+std::string WorkspaceModelStore::OffloadDir(const std::string& job) {
+  return workspace_.OffloadDir(job);
+}
+
+absl::Status WorkspaceModelStore::ClearOffload(const std::string& job) {
+  return workspace_.ClearOffload(job);
+}
+
+absl::Status MemoryModelStore::SaveJobConfig(const v1::JobConfig&) {
+  return absl::OkStatus();
+}
+
+absl::Status MemoryModelStore::SaveState(const v1::JobState& state) {
+  absl::MutexLock lock(&mu_);
+  state_ = state;
+  return absl::OkStatus();
+}
+
+absl::Status MemoryModelStore::SaveGlobal(const std::string&, uint32_t,
+                                          const Model&) {
+  return absl::OkStatus();
+}
+
+absl::Status MemoryModelStore::SaveFinal(
+    const std::string&, v1::ModelKind kind, const Model& model,
+    const std::map<std::string, std::string>& metadata) {
+  SWARM_ASSIGN_OR_RETURN(Model copy, model.Clone());
+  copy.metadata() = metadata;
+  absl::MutexLock lock(&mu_);
+  finals_[kind] = std::make_shared<const Model>(std::move(copy));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> MemoryModelStore::LoadFinal(
+    const std::string&, v1::ModelKind kind) {
+  absl::MutexLock lock(&mu_);
+  auto it = finals_.find(kind);
+  if (it == finals_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no ", v1::ModelKind_Name(kind), " model yet"));
+  }
+  return it->second;
+}
+
+v1::JobState MemoryModelStore::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+}  // namespace swarm

@@ -1,0 +1,89 @@
+// What a site keeps on disk for its job (design section 5). The controller
+// calls it from worker tasks; implementations are thread-safe.
+#ifndef SWARM_CONTROLLER_MODEL_STORE_H_
+#define SWARM_CONTROLLER_MODEL_STORE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "persist/workspace.h"
+#include "proto/swarm.pb.h"
+#include "streaming/model.h"
+
+namespace swarm {
+
+class ModelStore {
+ public:
+  virtual ~ModelStore() = default;
+  virtual absl::Status SaveJobConfig(const v1::JobConfig& job) = 0;
+  virtual absl::Status SaveState(const v1::JobState& state) = 0;
+  // The current global model (the input of `round`).
+  virtual absl::Status SaveGlobal(const std::string& job, uint32_t round,
+                                  const Model& model) = 0;
+  // BEST or LAST, as received at the end of the job (metadata included).
+  virtual absl::Status SaveFinal(
+      const std::string& job, v1::ModelKind kind, const Model& model,
+      const std::map<std::string, std::string>& metadata) = 0;
+  // NotFound when absent.
+  virtual absl::StatusOr<std::shared_ptr<const Model>> LoadFinal(
+      const std::string& job, v1::ModelKind kind) = 0;
+  // Directory for disk-offloaded results; empty when the store has none.
+  virtual std::string OffloadDir(const std::string& job) = 0;
+  virtual absl::Status ClearOffload(const std::string& job) = 0;
+};
+
+// Files under a persist::Workspace.
+class WorkspaceModelStore final : public ModelStore {
+ public:
+  explicit WorkspaceModelStore(std::string root)
+      : workspace_(std::move(root)) {}
+  absl::Status SaveJobConfig(const v1::JobConfig& job) override;
+  absl::Status SaveState(const v1::JobState& state) override;
+  absl::Status SaveGlobal(const std::string& job, uint32_t round,
+                          const Model& model) override;
+  absl::Status SaveFinal(
+      const std::string& job, v1::ModelKind kind, const Model& model,
+      const std::map<std::string, std::string>& metadata) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadFinal(
+      const std::string& job, v1::ModelKind kind) override;
+  std::string OffloadDir(const std::string& job) override;
+  absl::Status ClearOffload(const std::string& job) override;
+  const persist::Workspace& workspace() const { return workspace_; }
+
+ private:
+  persist::Workspace workspace_;
+};
+
+// Keeps everything in memory (simulations and unit tests).
+class MemoryModelStore final : public ModelStore {
+ public:
+  MemoryModelStore() = default;
+  absl::Status SaveJobConfig(const v1::JobConfig& job) override;
+  absl::Status SaveState(const v1::JobState& state) override;
+  absl::Status SaveGlobal(const std::string& job, uint32_t round,
+                          const Model& model) override;
+  absl::Status SaveFinal(
+      const std::string& job, v1::ModelKind kind, const Model& model,
+      const std::map<std::string, std::string>& metadata) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadFinal(
+      const std::string& job, v1::ModelKind kind) override;
+  std::string OffloadDir(const std::string& job) override { return ""; }
+  absl::Status ClearOffload(const std::string& job) override {
+    return absl::OkStatus();
+  }
+  v1::JobState state() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  v1::JobState state_ ABSL_GUARDED_BY(mu_);
+  std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_CONTROLLER_MODEL_STORE_H_

@@ -1,0 +1,210 @@
+// The swarm workflow of one site (design sections 2 and 3): pure logic over
+// small interfaces. It never opens a socket and never sleeps: network calls go
+// through a PeerTransport, disk through a ModelStore, training through a
+// Learner, and every wait is a task posted to a TaskRunner (now, or at a
+// deadline). The same object runs in the site daemon (gRPC transport, thread
+// pool) and in simulations (fake network, virtual time).
+//
+// Incoming calls (from the gRPC service or the fake network) are the public
+// On*/Handle* methods; they do not block on other sites and are thread-safe.
+#ifndef SWARM_CONTROLLER_SWARM_CONTROLLER_H_
+#define SWARM_CONTROLLER_SWARM_CONTROLLER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/model_store.h"
+#include "controller/peer_transport.h"
+#include "controller/task_runner.h"
+#include "gatherer/aggregator.h"
+#include "gatherer/gatherer.h"
+#include "learner/learner.h"
+#include "proto/swarm.pb.h"
+#include "streaming/assembler.h"
+#include "streaming/model.h"
+
+namespace swarm {
+
+struct ControllerOptions {
+  // This site's name (must be a site of the job it is configured with).
+  std::string site;
+  // Attempts for one outgoing call before it counts as a failure, and the
+  // first backoff (doubled each attempt, with jitter).
+  int call_attempts = 3;
+  absl::Duration first_backoff = absl::Milliseconds(50);
+  // Limits for incoming model streams (the job may lower max_model_bytes).
+  AssemblerLimits limits;
+};
+
+// What an incoming model stream should be assembled into.
+struct ModelAdmission {
+  AssemblerOptions assembler;
+  // Set for results: the aggregator's sink (validates while receiving).
+  std::unique_ptr<TensorSink> sink;
+  // A failed result (header.failed()): no body to receive.
+  bool header_only = false;
+};
+
+class SwarmController {
+ public:
+  // `transport`, `learner`, `store` and `runner` must outlive the controller,
+  // and the runner must run no more tasks (and any server feeding it calls
+  // must be shut down) before the controller is destroyed.
+  SwarmController(ControllerOptions options, PeerTransport* transport,
+                  Learner* learner, ModelStore* store, TaskRunner* runner);
+  ~SwarmController();
+  SwarmController(const SwarmController&) = delete;
+  SwarmController& operator=(const SwarmController&) = delete;
+
+  // --- Operator calls ---
+  v1::Reply Configure(const v1::ConfigureRequest& request);
+  v1::Reply Start(const v1::StartRequest& request);
+  v1::Reply Abort(const v1::AbortRequest& request);
+  v1::StatusReply Status() const;
+  // Blocks until the status version differs from `known_version` or
+  // `deadline` passes (for swarmctl status --watch); then returns Status().
+  v1::StatusReply WaitForStatusChange(uint64_t known_version,
+                                      absl::Time deadline) const;
+
+  // --- Peer calls ---
+  // Before a model stream's body is received: checks the header (job, sender
+  // role, round, kind) and says how to assemble it. An error refuses the
+  // stream (its message says why).
+  absl::StatusOr<ModelAdmission> AdmitModel(const v1::ModelHeader& header);
+  // After the body: `model` is the assembled model or why assembly failed.
+  // Caller obligation: AdmitModel returned OK for this header.
+  v1::Reply OnModel(const v1::ModelHeader& header, absl::StatusOr<Model> model);
+
+  v1::SubmitPermissionReply RequestToSubmit(
+      const v1::SubmitPermissionRequest& request);
+  // Waits until a permission decision may have changed (a slot freed, a
+  // round opened) or `deadline`; for long-polling RequestToSubmit.
+  void WaitForPermissionChange(uint64_t known_version,
+                               absl::Time deadline) const;
+  uint64_t permission_version() const;
+
+  v1::Reply ShareBest(const v1::ShareBestRequest& request);
+
+  // A model this site holds, for FetchModel.
+  absl::StatusOr<std::shared_ptr<const Model>> ModelForFetch(
+      const v1::FetchModelRequest& request) const;
+
+  // The configured job, if any.
+  std::optional<v1::JobConfig> job() const;
+
+ private:
+  struct AggregatorRound;
+  struct TrainingTask;
+
+  // Refuses a request naming another job (or none configured).
+  absl::Status CheckJob(absl::string_view job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsTrainer(absl::string_view site) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsCandidate(absl::string_view site) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const v1::SiteInfo* Site(absl::string_view name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetState(v1::SiteState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReportError(absl::string_view what, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(absl::string_view what, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Bump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Calls `call` up to options_.call_attempts times with backoff, then
+  // `done` with the last status. Runs on the runner.
+  void CallWithRetry(std::string what, std::function<absl::Status()> call,
+                     std::function<void(absl::Status)> done, int attempt = 1);
+
+  // Scatter (design step 1): sends round `round`'s learn task with `global`.
+  void Scatter(uint32_t round, std::shared_ptr<const Model> global,
+               v1::BestRecord best);
+  void SendLearnTaskToAggregator(uint32_t round, std::string aggregator,
+                                 std::vector<std::string> backups,
+                                 std::shared_ptr<const Model> global,
+                                 v1::BestRecord best,
+                                 std::vector<std::string> expected);
+  // A learn task arrived (from a peer or queued locally).
+  v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
+                            std::shared_ptr<const Model> model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunTraining(std::shared_ptr<TrainingTask> task);
+  void AskToSubmit(std::shared_ptr<TrainingTask> task);
+  void SubmitResult(std::shared_ptr<TrainingTask> task);
+
+  // Aggregator side.
+  void OpenRound(const v1::ModelHeader& header,
+                 std::shared_ptr<const Model> base)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ArmRoundTimer(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the round if its gatherer is done; posts the aggregation.
+  void CheckRound(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishRound(uint32_t round);
+  absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Reply OnResult(const v1::ModelHeader& header,
+                     absl::StatusOr<std::shared_ptr<const Model>> model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // End of the job (design step 8).
+  void FinishJob(uint32_t last_round, std::shared_ptr<const Model> last,
+                 v1::BestRecord best);
+  // Sends a final model to every site (this one locally); then `done`.
+  void Broadcast(v1::ModelKind kind, std::shared_ptr<const Model> model,
+                 uint32_t round, v1::BestRecord best,
+                 std::function<void(absl::Status)> done);
+  v1::Reply AcceptFinal(const v1::ModelHeader& header,
+                        std::shared_ptr<const Model> model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ControllerOptions options_;
+  PeerTransport* const transport_;
+  Learner* const learner_;
+  ModelStore* const store_;
+  TaskRunner* const runner_;
+
+  mutable absl::Mutex mu_;
+  std::optional<v1::JobConfig> job_ ABSL_GUARDED_BY(mu_);
+  v1::SiteState state_ ABSL_GUARDED_BY(mu_) = v1::SITE_STATE_IDLE;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string round_aggregator_ ABSL_GUARDED_BY(mu_);
+  // Highest round whose learn task this site accepted (trainer or aggregator).
+  std::optional<uint32_t> last_task_round_ ABSL_GUARDED_BY(mu_);
+  v1::BestRecord best_ ABSL_GUARDED_BY(mu_);
+  // The global model this site scored best as an aggregator (it is the
+  // holder of best_ when best_.site() is this site).
+  std::shared_ptr<const Model> best_model_ ABSL_GUARDED_BY(mu_);
+  uint32_t best_model_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, std::unique_ptr<AggregatorRound>> rounds_
+      ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<TrainingTask> training_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Model> current_global_ ABSL_GUARDED_BY(mu_);
+  std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
+      ABSL_GUARDED_BY(mu_);
+  v1::SiteCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, double> metrics_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_error_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t status_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t permission_version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_CONTROLLER_SWARM_CONTROLLER_H_
