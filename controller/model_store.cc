@@ -14,10 +14,22 @@ absl::Status WorkspaceModelStore::SaveState(const v1::JobState& state) {
   return workspace_.WriteState(state);
 }
 
-absl::Status WorkspaceModelStore::SaveGlobal(const std::string& job,
-                                             uint32_t round,
-                                             const Model& model) {
-  return model.SaveSafetensors(workspace_.GlobalModelPath(job));
+absl::Status WorkspaceModelStore::SaveGlobal(
+    const std::string& job, uint32_t round, const Model& model,
+    const std::map<std::string, std::string>& metadata, bool keep_round) {
+  if (keep_round) {
+    SWARM_RETURN_IF_ERROR(
+        model.SaveSafetensors(workspace_.RoundModelPath(job, round), metadata));
+  }
+  return model.SaveSafetensors(workspace_.GlobalModelPath(job), metadata);
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadRound(
+    const std::string& job, uint32_t round) {
+  SWARM_ASSIGN_OR_RETURN(
+      Model model,
+      Model::LoadSafetensors(workspace_.RoundModelPath(job, round)));
+  return std::make_shared<const Model>(std::move(model));
 }
 
 absl::Status WorkspaceModelStore::SaveFinal(
@@ -60,9 +72,25 @@ absl::Status MemoryModelStore::SaveState(const v1::JobState& state) {
   return absl::OkStatus();
 }
 
-absl::Status MemoryModelStore::SaveGlobal(const std::string&, uint32_t,
-                                          const Model&) {
+absl::Status MemoryModelStore::SaveGlobal(
+    const std::string&, uint32_t round, const Model& model,
+    const std::map<std::string, std::string>& metadata, bool keep_round) {
+  if (!keep_round) return absl::OkStatus();
+  SWARM_ASSIGN_OR_RETURN(Model copy, model.Clone());
+  copy.metadata() = metadata;
+  absl::MutexLock lock(&mu_);
+  rounds_[round] = std::make_shared<const Model>(std::move(copy));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> MemoryModelStore::LoadRound(
+    const std::string&, uint32_t round) {
+  absl::MutexLock lock(&mu_);
+  auto it = rounds_.find(round);
+  if (it == rounds_.end()) {
+    return absl::NotFoundError(absl::StrCat("no model of round ", round));
+  }
+  return it->second;
 }
 
 absl::Status MemoryModelStore::SaveFinal(

@@ -21,9 +21,14 @@ class ModelStore {
   virtual ~ModelStore() = default;
   virtual absl::Status SaveJobConfig(const v1::JobConfig& job) = 0;
   virtual absl::Status SaveState(const v1::JobState& state) = 0;
-  // The current global model (the input of `round`).
-  virtual absl::Status SaveGlobal(const std::string& job, uint32_t round,
-                                  const Model& model) = 0;
+  // The current global model (the input of `round`); with `keep_round`
+  // also as that round's model.
+  virtual absl::Status SaveGlobal(
+      const std::string& job, uint32_t round, const Model& model,
+      const std::map<std::string, std::string>& metadata, bool keep_round) = 0;
+  // A round's kept global model; NotFound when absent.
+  virtual absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
+      const std::string& job, uint32_t round) = 0;
   // BEST or LAST, as received at the end of the job (metadata included).
   virtual absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
@@ -44,7 +49,11 @@ class WorkspaceModelStore final : public ModelStore {
   absl::Status SaveJobConfig(const v1::JobConfig& job) override;
   absl::Status SaveState(const v1::JobState& state) override;
   absl::Status SaveGlobal(const std::string& job, uint32_t round,
-                          const Model& model) override;
+                          const Model& model,
+                          const std::map<std::string, std::string>& metadata,
+                          bool keep_round) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
+      const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
       const std::map<std::string, std::string>& metadata) override;
@@ -65,7 +74,11 @@ class MemoryModelStore final : public ModelStore {
   absl::Status SaveJobConfig(const v1::JobConfig& job) override;
   absl::Status SaveState(const v1::JobState& state) override;
   absl::Status SaveGlobal(const std::string& job, uint32_t round,
-                          const Model& model) override;
+                          const Model& model,
+                          const std::map<std::string, std::string>& metadata,
+                          bool keep_round) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
+      const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
       const std::map<std::string, std::string>& metadata) override;
@@ -82,6 +95,7 @@ class MemoryModelStore final : public ModelStore {
   v1::JobState state_ ABSL_GUARDED_BY(mu_);
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
       ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::shared_ptr<const Model>> rounds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swarm

@@ -142,6 +142,10 @@ bool SwarmController::Active() const {
 void SwarmController::Bump() {
   ++status_version_;
   ++permission_version_;
+  for (std::function<void()>& waiter : permission_waiters_) {
+    runner_->Post(std::move(waiter));
+  }
+  permission_waiters_.clear();
 }
 
 void SwarmController::SetState(v1::SiteState state) {
@@ -599,6 +603,7 @@ void SwarmController::RunTraining(std::shared_ptr<TrainingTask> task) {
     header.set_failure(std::string(output.status().message()));
   } else {
     header.set_sample_count(output->sample_count);
+    counters_.set_rounds_trained(counters_.rounds_trained() + 1);
     header.set_payload_kind(output->kind);
     task->result = std::make_shared<const Model>(std::move(output->model));
   }
@@ -646,6 +651,11 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
         runner_->Post([this, task] { SubmitResult(task); });
         return;
       case v1::OUTCOME_RETRY:
+        if (task->aggregator == options_.site) {
+          // Asking ourselves: ask again the moment something changes.
+          permission_waiters_.push_back([this, task] { AskToSubmit(task); });
+          return;
+        }
         wait = Millis(reply->retry_after_ms());
         break;
       default:
@@ -763,8 +773,6 @@ void SwarmController::OpenRound(const v1::ModelHeader& header,
   }
   round->aggregator = std::move(*aggregator);
   const uint32_t number = header.round();
-  SWARM_LOG_INFO("round %d: gathering from %s", number,
-                 absl::StrJoin(header.expected_trainers(), ","));
   rounds_[number] = std::move(round);
   Bump();
   CheckRound(number);
@@ -833,6 +841,9 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitResult(
                : absl::FailedPreconditionError(decision.message);
   }
   counters_.set_submissions_in_flight(counters_.submissions_in_flight() + 1);
+  counters_.set_max_submissions_in_flight(
+      std::max(counters_.max_submissions_in_flight(),
+               counters_.submissions_in_flight()));
   Bump();
   ModelAdmission admission;
   if (header.failed()) {
@@ -1009,15 +1020,22 @@ void SwarmController::FinishRound(uint32_t number) {
   round.reset();
   std::string job_id;
   bool more = false;
+  bool keep_round = false;
   {
     absl::MutexLock lock(&mu_);
     if (!Active()) return;
     job_id = job_->job_id();
+    keep_round = job_->keep_round_models();
     more = number + 1 < job_->start_round() + job_->num_rounds();
     store_->ClearOffload(job_id).IgnoreError();
     PersistState();
   }
-  absl::Status saved = store_->SaveGlobal(job_id, number + 1, *next);
+  std::map<std::string, std::string> metadata = next->metadata();
+  metadata["job"] = job_id;
+  metadata["round"] = absl::StrCat(number + 1);
+  metadata["aggregator"] = options_.site;
+  absl::Status saved =
+      store_->SaveGlobal(job_id, number + 1, *next, metadata, keep_round);
   if (!saved.ok()) {
     absl::MutexLock lock(&mu_);
     ReportError("saving the global model", saved);
@@ -1332,8 +1350,13 @@ absl::StatusOr<std::shared_ptr<const Model>> SwarmController::ModelForFetch(
           return absl::NotFoundError("no global model yet");
         }
         return current_global_;
+      case v1::MODEL_SELECTOR_ROUND:
+        break;
       default:
-        return absl::UnimplementedError("fetching a given round's model");
+        return absl::InvalidArgumentError("unknown model selector");
+    }
+    if (request.which() == v1::MODEL_SELECTOR_ROUND) {
+      return store_->LoadRound(request.job_id(), request.round());
     }
     auto it = finals_.find(kind);
     if (it != finals_.end()) return it->second;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -203,6 +204,8 @@ class SwarmController {
   absl::Time last_error_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t status_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t permission_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Local submission requests waiting for the next change (Bump).
+  std::vector<std::function<void()>> permission_waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swarm

@@ -1,0 +1,54 @@
+// The Learner interface: how a site's controller validates and trains a
+// global model (design section 2: training comes through a small interface).
+//
+// Implementations: TestLearner (test_learner.h, deterministic, for tests and
+// benchmarks); the built-in Fashion-MNIST MLP comes later. Create one with
+// CreateLearner (learner_factory.h).
+#ifndef SWARM_LEARNER_LEARNER_H_
+#define SWARM_LEARNER_LEARNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/swarm.pb.h"
+#include "streaming/model.h"
+
+namespace swarm {
+
+// What training produced for one round.
+struct TrainOutput {
+  // Full weights, or weights minus the round's global model (see `kind`);
+  // same layout as the global model.
+  Model model;
+  // Training samples behind `model` (the FedAvg weight).
+  uint64_t sample_count = 0;
+  v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+};
+
+// Metric name -> value, e.g. {"accuracy": 0.91, "loss": 0.27}.
+using Metrics = std::map<std::string, double>;
+
+// Called from a worker thread, never concurrently on one instance.
+class Learner {
+ public:
+  virtual ~Learner() = default;
+
+  // The first round's global model (used by the starting site).
+  virtual absl::StatusOr<Model> InitialModel() = 0;
+
+  // Metrics of `global` on this site's validation data (e.g. "accuracy",
+  // "loss").
+  virtual absl::StatusOr<Metrics> Validate(const Model& global,
+                                           uint32_t round) = 0;
+
+  // Trains from `global`. Returns Cancelled promptly once `cancel` is true.
+  virtual absl::StatusOr<TrainOutput> Train(
+      const Model& global, uint32_t round, const std::atomic<bool>& cancel) = 0;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_LEARNER_LEARNER_H_

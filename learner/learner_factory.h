@@ -1,0 +1,39 @@
+// Creates a site's Learner from its site config's LearnerConfig.
+#ifndef SWARM_LEARNER_LEARNER_FACTORY_H_
+#define SWARM_LEARNER_LEARNER_FACTORY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/map.h"
+#include "learner/learner.h"
+#include "proto/swarm.pb.h"
+
+namespace swarm {
+
+// config.params with `job_params` merged over them (the job wins).
+std::map<std::string, std::string> MergeLearnerParams(
+    const v1::LearnerConfig& config,
+    const std::map<std::string, std::string>& job_params);
+
+// The same, for a JobConfig's learner_params.
+std::map<std::string, std::string> MergeLearnerParams(
+    const v1::LearnerConfig& config,
+    const google::protobuf::Map<std::string, std::string>& job_params);
+
+// A learner of kind config.kind for `site_name`, with MergeLearnerParams.
+// Kinds: "test" (TestLearner). Errors are InvalidArgument: an empty or
+// unknown kind names it (`learner.kind: unknown learner "foo" (known:
+// "test")`); a malformed parameter names the parameter. Parameters a kind
+// does not read are logged as a warning, not refused (a job's params may be
+// meant for another kind).
+absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
+    const v1::LearnerConfig& config, absl::string_view site_name,
+    const std::map<std::string, std::string>& job_params);
+
+}  // namespace swarm
+
+#endif  // SWARM_LEARNER_LEARNER_FACTORY_H_
