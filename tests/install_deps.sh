@@ -9,7 +9,7 @@ SWARM_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libgtest-dev libgmock-dev
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
-  python3 python3-numpy
+  python3 python3-numpy dataset-fashion-mnist
 )
 
 swarm_install_packages() {
