@@ -1,0 +1,105 @@
+#include "security/tls.h"
+
+#include <grpcpp/security/auth_context.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "persist/atomic_file.h"
+#include "security/certificates.h"
+
+namespace swarm::security {
+namespace {
+
+// Verifies `cert_pem` against `ca_pem` with OpenSSL (chain and validity).
+absl::Status VerifyAgainstCa(const std::string& cert_pem,
+                             const std::string& ca_pem,
+                             const std::string& where) {
+  BIO* cert_bio =
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  BIO* ca_bio = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  X509* ca = PEM_read_bio_X509(ca_bio, nullptr, nullptr, nullptr);
+  BIO_free(cert_bio);
+  BIO_free(ca_bio);
+  absl::Status status;
+  if (cert == nullptr || ca == nullptr) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat(where, ": cert.pem or ca.crt is not a PEM certificate"));
+  } else {
+    X509_STORE* store = X509_STORE_new();
+    X509_STORE_add_cert(store, ca);
+    X509_STORE_CTX* context = X509_STORE_CTX_new();
+    X509_STORE_CTX_init(context, store, cert, nullptr);
+    if (X509_verify_cert(context) != 1) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          where, ": cert.pem does not verify against ca.crt: ",
+          X509_verify_cert_error_string(X509_STORE_CTX_get_error(context))));
+    }
+    X509_STORE_CTX_free(context);
+    X509_STORE_free(store);
+  }
+  X509_free(cert);
+  X509_free(ca);
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir) {
+  TlsIdentity identity;
+  SWARM_ASSIGN_OR_RETURN(identity.key_pem,
+                         persist::ReadFileToString(dir + "/key.pem"));
+  SWARM_ASSIGN_OR_RETURN(identity.cert_pem,
+                         persist::ReadFileToString(dir + "/cert.pem"));
+  SWARM_ASSIGN_OR_RETURN(identity.ca_pem,
+                         persist::ReadFileToString(dir + "/ca.crt"));
+  SWARM_RETURN_IF_ERROR(
+      VerifyAgainstCa(identity.cert_pem, identity.ca_pem, dir));
+  SWARM_ASSIGN_OR_RETURN(CertInfo info, ParseCertificate(identity.cert_pem));
+  identity.name = info.common_name;
+  identity.role = info.role;
+  return identity;
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
+    const TlsIdentity& identity) {
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = identity.ca_pem;
+  options.pem_key_cert_pairs.push_back({identity.key_pem, identity.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(
+    const TlsIdentity& identity) {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = identity.ca_pem;
+  options.pem_private_key = identity.key_pem;
+  options.pem_cert_chain = identity.cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+PeerIdentity IdentityOf(const grpc::ServerContext& context) {
+  PeerIdentity identity;
+  identity.address = context.peer();
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return identity;
+  for (const grpc::string_ref& value :
+       auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+    identity.name.assign(value.data(), value.size());
+  }
+  for (const grpc::string_ref& value :
+       auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
+    absl::StatusOr<CertInfo> info =
+        ParseCertificate(absl::string_view(value.data(), value.size()));
+    if (info.ok()) identity.role = info->role;
+  }
+  identity.authenticated = !identity.name.empty();
+  return identity;
+}
+
+}  // namespace swarm::security
