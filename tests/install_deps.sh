@@ -5,7 +5,7 @@
 set -euo pipefail
 
 SWARM_PACKAGES=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libgtest-dev libgmock-dev
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev

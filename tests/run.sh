@@ -3,10 +3,10 @@
 #
 #   tests/run.sh            release build + full suite, then the full suite under
 #                           AddressSanitizer+UBSan, then the concurrency tests
-#                           under ThreadSanitizer
+#                           under ThreadSanitizer, then each fuzz target for 60 s
 #   tests/run.sh --quick    release build + full suite only
 #
-# Build trees: build/release, build/asan, build/tsan. Exits non-zero on any
+# Build trees: build/release, build/asan, build/tsan, build/fuzz. Exits non-zero on any
 # failure.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,5 +41,7 @@ if [ "$QUICK" -eq 0 ]; then
     -DSWARM_SANITIZE_ADDRESS=ON -DSWARM_BUILD_BENCH=OFF
   build_and_test tsan "-L concurrency" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSWARM_SANITIZE_THREAD=ON -DSWARM_BUILD_BENCH=OFF
+  echo "=== fuzz"
+  bash "$ROOT/tests/fuzz/run.sh" "${SWARM_FUZZ_SECONDS:-60}"
 fi
 echo "=== all tests passed"

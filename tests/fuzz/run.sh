@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang + ASan and runs each for a while on
+# its committed seed corpus (new inputs go to build/fuzz/corpus, not to the
+# repository). Fails on any crash; the reproducer is left in build/fuzz/.
+#
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET]     (default 60)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SECONDS_PER_TARGET=${1:-60}
+BUILD="$ROOT/build/fuzz"
+
+CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSWARM_BUILD_FUZZ=ON \
+  -DSWARM_SANITIZE_ADDRESS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSWARM_BUILD_TESTS=OFF -DSWARM_BUILD_BENCH=OFF >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target safetensors_fuzz assembler_fuzz job_config_fuzz
+
+failed=0
+for target in safetensors assembler job_config; do
+  work="$BUILD/corpus/$target"
+  mkdir -p "$work"
+  echo "=== fuzz $target for ${SECONDS_PER_TARGET}s"
+  if (cd "$BUILD" && "./tests/fuzz/${target}_fuzz" -max_total_time="$SECONDS_PER_TARGET" \
+        -print_final_stats=1 -artifact_prefix="$BUILD/${target}-" \
+        "$work" "$ROOT/tests/fuzz/corpus/$target" >"$BUILD/$target.log" 2>&1); then
+    grep -E "^stat::number_of_executed_units|Done [0-9]+ runs" "$BUILD/$target.log" | tail -1
+  else
+    echo "fuzz target $target FAILED; see $BUILD/$target.log"
+    tail -40 "$BUILD/$target.log"
+    failed=1
+  fi
+done
+exit $failed

@@ -1,0 +1,325 @@
+#include "tests/integration/local_swarm.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace swarm::testing {
+namespace {
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options)
+           .ok()) {
+    ADD_FAILURE() << "cannot print " << message.GetTypeName() << " as JSON";
+  }
+  return json;
+}
+
+std::string MakeTempDir(absl::string_view label) {
+  const char* tmp = getenv("TMPDIR");
+  std::string safe(label);
+  for (char& c : safe) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '-';
+  }
+  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
+                                     "/swarm-it-", safe, "-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << pattern << ": " << strerror(errno);
+    return "/tmp";
+  }
+  return pattern;
+}
+
+}  // namespace
+
+std::string SwarmClientPath() { return SWARM_CLIENT_PATH; }
+std::string SwarmctlPath() { return SWARMCTL_PATH; }
+
+int TimeScale() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  return 4;
+#else
+  return 1;
+#endif
+#else
+  return 1;
+#endif
+}
+
+LocalSwarm::LocalSwarm(absl::string_view label) : dir_(MakeTempDir(label)) {}
+
+LocalSwarm::~LocalSwarm() {
+  for (auto& [name, site] : sites_) {
+    if (site.process != nullptr) site.process->Kill();
+  }
+  if (::testing::Test::HasFailure()) {
+    std::fprintf(stderr, "LocalSwarm: keeping %s (configs, logs, workspaces)\n",
+                 dir_.c_str());
+    return;
+  }
+  std::error_code error;
+  std::filesystem::remove_all(dir_, error);
+}
+
+absl::Status LocalSwarm::StartSite(
+    const std::string& name,
+    const std::map<std::string, std::string>& learner_params) {
+  if (sites_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("site ", name, " started"));
+  }
+  SiteProcess site;
+  site.name = name;
+  site.workspace = absl::StrCat(dir_, "/ws-", name);
+  site.log_path = absl::StrCat(dir_, "/", name, ".log");
+  v1::SiteConfig config;
+  config.set_name(name);
+  config.set_listen_address("127.0.0.1:0");
+  config.set_workspace(site.workspace);
+  config.mutable_learner()->set_kind("test");
+  for (const auto& [key, value] : learner_params) {
+    (*config.mutable_learner()->mutable_params())[key] = value;
+  }
+  site.config_path = WriteFile(absl::StrCat(name, ".json"), ToJson(config));
+  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(
+      {SwarmClientPath(), "--config", site.config_path}, "", site.log_path);
+  if (!process.ok()) return process.status();
+  site.process = std::move(*process);
+  absl::StatusOr<std::string> line =
+      site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
+  if (!line.ok()) {
+    return absl::Status(
+        line.status().code(),
+        absl::StrCat("site ", name, ": ", line.status().message(), "\nlog:\n",
+                     LastLines(ReadFileOrEmpty(site.log_path), 20)));
+  }
+  absl::string_view address = *line;
+  if (!absl::ConsumePrefix(&address, "listening on ")) {
+    return absl::InternalError(
+        absl::StrCat("site ", name, " printed \"", *line,
+                     "\", not \"listening on HOST:PORT\""));
+  }
+  site.address = std::string(address);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  site.stub = v1::Peer::NewStub(grpc::CreateCustomChannel(
+      site.address, grpc::InsecureChannelCredentials(), args));
+  names_.push_back(name);
+  sites_.emplace(name, std::move(site));
+  return absl::OkStatus();
+}
+
+SiteProcess& LocalSwarm::site(const std::string& name) {
+  auto it = sites_.find(name);
+  if (it == sites_.end()) {
+    ADD_FAILURE() << "no site " << name;
+    static SiteProcess* none = new SiteProcess();
+    return *none;
+  }
+  return it->second;
+}
+
+v1::SiteInfo LocalSwarm::Info(const std::string& name) {
+  v1::SiteInfo info;
+  info.set_name(name);
+  info.set_address(site(name).address);
+  return info;
+}
+
+std::string LocalSwarm::WriteFile(const std::string& name,
+                                  const std::string& text) {
+  const std::string path = absl::StrCat(dir_, "/", name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+  return path;
+}
+
+std::string LocalSwarm::WriteJob(const v1::JobConfig& job,
+                                 const std::string& name) {
+  return WriteFile(name, ToJson(job));
+}
+
+CommandResult LocalSwarm::Swarmctl(const std::vector<std::string>& args,
+                                   absl::Duration timeout) {
+  std::vector<std::string> argv = {SwarmctlPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, absl::StrCat(dir_, "/swarmctl-", ++commands_),
+                    timeout * TimeScale());
+}
+
+absl::StatusOr<std::unique_ptr<Process>> LocalSwarm::StartSwarmctl(
+    const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> argv = {SwarmctlPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Process::Start(argv, absl::StrCat(dir_, "/", name, ".out"),
+                        absl::StrCat(dir_, "/", name, ".err"));
+}
+
+v1::Peer::Stub& LocalSwarm::Stub(const std::string& name) {
+  return *site(name).stub;
+}
+
+absl::StatusOr<v1::StatusReply> LocalSwarm::Status(const std::string& name,
+                                                   const std::string& job_id,
+                                                   uint64_t wait_ms,
+                                                   uint64_t known_version) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Milliseconds(static_cast<int64_t>(wait_ms)) +
+      absl::Seconds(10)));
+  v1::StatusRequest request;
+  request.set_job_id(job_id);
+  request.set_sender("integration-test");
+  request.set_wait_for_change_ms(wait_ms);
+  request.set_known_version(known_version);
+  v1::StatusReply reply;
+  grpc::Status status = Stub(name).Status(&context, request, &reply);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("Status of site ", name, ": ",
+                                     status.error_message()));
+  }
+  return reply;
+}
+
+absl::Status LocalSwarm::WaitAllDone(const std::string& job_id,
+                                     absl::Time deadline) {
+  for (const std::string& name : names_) {
+    uint64_t version = 0;
+    while (true) {
+      const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left <= 0) {
+        absl::StatusOr<v1::StatusReply> last = Status(name, job_id);
+        return absl::DeadlineExceededError(absl::StrCat(
+            "job ", job_id, " not done on site ", name, " in time: ",
+            last.ok() ? last->status().ShortDebugString()
+                      : std::string(last.status().message())));
+      }
+      absl::StatusOr<v1::StatusReply> reply =
+          Status(name, job_id, std::min<int64_t>(left, 2000), version);
+      if (!reply.ok()) return reply.status();
+      const v1::SiteState state = reply->status().state();
+      if (state == v1::SITE_STATE_DONE) break;
+      if (state == v1::SITE_STATE_FAILED || state == v1::SITE_STATE_ABORTED) {
+        return absl::AbortedError(absl::StrCat(
+            "site ", name, " is ", v1::SiteState_Name(state),
+            "; last error: ", reply->status().last_error()));
+      }
+      version = reply->version();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSwarm::StopSite(const std::string& name,
+                                  absl::Duration timeout) {
+  SiteProcess& s = site(name);
+  if (s.process == nullptr) return absl::NotFoundError("no process");
+  absl::Status signalled = s.process->Signal(SIGTERM);
+  if (!signalled.ok()) {
+    return absl::Status(signalled.code(),
+                        absl::StrCat("site ", name, ": ", signalled.message()));
+  }
+  absl::StatusOr<ExitInfo> exit =
+      s.process->Wait(absl::Now() + timeout * TimeScale());
+  if (!exit.ok()) {
+    s.process->Kill();
+    return absl::DeadlineExceededError(
+        absl::StrCat("site ", name, " did not stop within ",
+                     absl::FormatDuration(timeout * TimeScale()),
+                     " of SIGTERM"));
+  }
+  if (!exit->exited || exit->exit_code != 0) {
+    return absl::InternalError(absl::StrCat(
+        "site ", name, " ended with ", exit->ToString(), " after SIGTERM\n",
+        LastLines(ReadFileOrEmpty(s.log_path), 30)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSwarm::StopAll(absl::Duration timeout) {
+  // Signal all first so they shut down in parallel, then check each.
+  for (const std::string& name : names_) {
+    SiteProcess& s = sites_.at(name);
+    if (s.process != nullptr && s.process->running()) {
+      s.process->Signal(SIGTERM).IgnoreError();
+    }
+  }
+  absl::Status first;
+  for (const std::string& name : names_) {
+    SiteProcess& s = sites_.at(name);
+    if (s.process == nullptr) continue;
+    absl::StatusOr<ExitInfo> exit =
+        s.process->Wait(absl::Now() + timeout * TimeScale());
+    absl::Status status;
+    if (!exit.ok()) {
+      s.process->Kill();
+      status = absl::DeadlineExceededError(
+          absl::StrCat("site ", name, " did not stop within ",
+                       absl::FormatDuration(timeout * TimeScale()),
+                       " of SIGTERM"));
+    } else if (!exit->exited || exit->exit_code != 0) {
+      status = absl::InternalError(absl::StrCat(
+          "site ", name, " ended with ", exit->ToString(), " after SIGTERM\n",
+          LastLines(ReadFileOrEmpty(s.log_path), 30)));
+    }
+    if (first.ok()) first = status;
+  }
+  return first;
+}
+
+std::string LocalSwarm::Logs(int lines) {
+  std::string out;
+  for (const std::string& name : names_) {
+    absl::StrAppend(&out, "--- ", name, " (", sites_.at(name).log_path,
+                    "):\n",
+                    LastLines(ReadFileOrEmpty(sites_.at(name).log_path), lines),
+                    "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+}
+
+bool FileExists(const std::string& path) {
+  std::error_code error;
+  return std::filesystem::exists(path, error);
+}
+
+std::vector<std::string> ListFiles(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    if (entry.is_regular_file()) {
+      names.push_back(entry.path().filename().string());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace swarm::testing

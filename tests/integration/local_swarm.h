@@ -1,0 +1,112 @@
+// LocalSwarm: real swarm-client daemons on loopback for integration tests.
+// Each site gets a site config (listen port 0, its own workspace, the test
+// learner) in a fresh temporary folder; the daemon's stderr log is kept
+// beside it. Helpers run swarmctl, talk to sites through the generated gRPC
+// stub, wait for a job to finish, and stop the daemons (each must exit 0 on
+// SIGTERM). Whatever still runs when the LocalSwarm is destroyed is killed;
+// the folder is removed unless the test failed.
+#ifndef SWARM_TESTS_INTEGRATION_LOCAL_SWARM_H_
+#define SWARM_TESTS_INTEGRATION_LOCAL_SWARM_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/swarm.grpc.pb.h"
+#include "proto/swarm.pb.h"
+#include "tests/integration/process.h"
+
+namespace swarm::testing {
+
+// The programs under test (set by CMake).
+std::string SwarmClientPath();
+std::string SwarmctlPath();
+
+// Scales the tests' deadlines: 1 normally, more under sanitizers.
+int TimeScale();
+
+struct SiteProcess {
+  std::string name;
+  std::string address;  // 127.0.0.1:PORT, as the daemon printed it.
+  std::string workspace;
+  std::string config_path;
+  std::string log_path;
+  std::unique_ptr<Process> process;
+  std::unique_ptr<v1::Peer::Stub> stub;
+};
+
+class LocalSwarm {
+ public:
+  // `label` names the temporary folder (e.g. the test's name).
+  explicit LocalSwarm(absl::string_view label);
+  ~LocalSwarm();
+  LocalSwarm(const LocalSwarm&) = delete;
+  LocalSwarm& operator=(const LocalSwarm&) = delete;
+
+  const std::string& dir() const { return dir_; }
+
+  // Writes the site config (test learner with `learner_params`), starts
+  // swarm-client and waits for its "listening on HOST:PORT" line.
+  absl::Status StartSite(const std::string& name,
+                         const std::map<std::string, std::string>&
+                             learner_params);
+  SiteProcess& site(const std::string& name);
+  // Names in start order.
+  const std::vector<std::string>& site_names() const { return names_; }
+  // {name, address} of a started site, for a job config.
+  v1::SiteInfo Info(const std::string& name);
+
+  // Writes `text` to <dir>/<name>; returns the path.
+  std::string WriteFile(const std::string& name, const std::string& text);
+  // Writes `job` as JSON (proto field names); returns the path.
+  std::string WriteJob(const v1::JobConfig& job,
+                       const std::string& name = "job.json");
+
+  // Runs swarmctl with `args` to completion.
+  CommandResult Swarmctl(const std::vector<std::string>& args,
+                         absl::Duration timeout = absl::Seconds(60));
+  // Starts swarmctl in the background, stdout and stderr to files
+  // <dir>/<name>.out / .err.
+  absl::StatusOr<std::unique_ptr<Process>> StartSwarmctl(
+      const std::vector<std::string>& args, const std::string& name);
+
+  v1::Peer::Stub& Stub(const std::string& site);
+  // Status RPC; `wait_ms` > 0 long-polls for a change from `known_version`.
+  absl::StatusOr<v1::StatusReply> Status(const std::string& site,
+                                         const std::string& job_id = "",
+                                         uint64_t wait_ms = 0,
+                                         uint64_t known_version = 0);
+  // Waits (long-polling Status) until every site reports DONE for `job_id`.
+  // Fails at once when a site reports FAILED or ABORTED, naming it and its
+  // last error, and at `deadline` naming the sites not done.
+  absl::Status WaitAllDone(const std::string& job_id, absl::Time deadline);
+
+  // SIGTERM; the daemon must exit with status 0 within `timeout`.
+  absl::Status StopSite(const std::string& name, absl::Duration timeout);
+  // StopSite for every running site; the first error.
+  absl::Status StopAll(absl::Duration timeout);
+
+  // The last `lines` log lines of every site, for failure messages.
+  std::string Logs(int lines = 40);
+
+ private:
+  std::string dir_;
+  int commands_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, SiteProcess> sites_;
+};
+
+// Whole file as bytes; NotFound when absent.
+absl::StatusOr<std::string> ReadBytes(const std::string& path);
+bool FileExists(const std::string& path);
+// Regular files directly inside `dir` (names, sorted); empty when absent.
+std::vector<std::string> ListFiles(const std::string& dir);
+
+}  // namespace swarm::testing
+
+#endif  // SWARM_TESTS_INTEGRATION_LOCAL_SWARM_H_
