@@ -100,7 +100,10 @@ SwarmController::SwarmController(ControllerOptions options,
       transport_(transport),
       learner_(learner),
       store_(store),
-      runner_(runner) {}
+      runner_(runner),
+      jitter_(static_cast<std::minstd_rand::result_type>(
+          options_.jitter_seed != 0 ? options_.jitter_seed
+                                    : std::random_device{}())) {}
 
 SwarmController::~SwarmController() {
   absl::MutexLock lock(&mu_);
@@ -197,6 +200,8 @@ v1::ModelHeader SwarmController::BaseHeader(v1::ModelKind kind,
   header.set_round(round);
   header.set_sender(options_.site);
   header.set_digest_algorithm(job_->digest_algorithm());
+  // The transport chunks every stream it sends at header.chunk_size.
+  header.set_chunk_size(job_->chunk_size());
   return header;
 }
 
@@ -210,9 +215,11 @@ void SwarmController::CallWithRetry(std::string what,
     return;
   }
   // Exponential backoff with jitter in [0.5, 1.5).
-  static thread_local std::minstd_rand random(std::random_device{}());
-  const double jitter =
-      0.5 + std::uniform_real_distribution<double>(0.0, 1.0)(random);
+  double jitter;
+  {
+    absl::MutexLock lock(&jitter_mu_);
+    jitter = 0.5 + std::uniform_real_distribution<double>(0.0, 1.0)(jitter_);
+  }
   const absl::Duration delay =
       options_.first_backoff * (1 << (attempt - 1)) * jitter;
   SWARM_LOG_INFO("%s failed (%s); retry %d in %s", what, status.ToString(),
@@ -523,10 +530,26 @@ void SwarmController::SendLearnTaskToAggregator(
     }
   }
   const v1::SiteInfo to = *site;
+  // Whether an earlier attempt may have arrived (its reply was lost).
+  auto maybe_delivered = std::make_shared<std::atomic<bool>>(false);
   CallWithRetry(
       absl::StrCat("learn task to aggregator ", aggregator),
-      [this, to, header, global] {
-        return StatusFromReply(transport_->SendLearnTask(to, header, global));
+      [this, to, header, global, maybe_delivered, round, aggregator] {
+        absl::Status status =
+            StatusFromReply(transport_->SendLearnTask(to, header, global));
+        if (Retryable(status)) {
+          *maybe_delivered = true;
+        } else if (status.code() == absl::StatusCode::kFailedPrecondition &&
+                   *maybe_delivered) {
+          // The earlier attempt did arrive, and the aggregator has moved on
+          // (it holds this round's task or a later one, or has finished):
+          // the round went ahead. Not a reason to fail the job.
+          SWARM_LOG_INFO(
+              "round %d: aggregator %s already had its learn task (%s)",
+              round, aggregator, status.message());
+          return absl::OkStatus();
+        }
+        return status;
       },
       [this, round, aggregator](absl::Status status) {
         if (status.ok()) return;
@@ -544,6 +567,14 @@ v1::Reply SwarmController::AcceptLearnTask(const v1::ModelHeader& header,
   if (Terminal(state_)) {
     return MakeReply(v1::OUTCOME_ABORTED,
                      absl::StrCat("job is ", v1::SiteState_Name(state_)));
+  }
+  if (last_task_round_.has_value() && header.round() == *last_task_round_ &&
+      header.aggregator() == round_aggregator_) {
+    // The same task again: the sender retried because our acknowledgement
+    // was lost. Acknowledge it again; nothing else changes.
+    return MakeReply(v1::OUTCOME_OK,
+                     absl::StrCat("learn task of round ", header.round(),
+                                  " already accepted"));
   }
   if (last_task_round_.has_value() && header.round() <= *last_task_round_) {
     return MakeReply(v1::OUTCOME_REJECTED,
@@ -641,15 +672,22 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
   } else {
     reply = absl::NotFoundError("aggregator is not a site of the job");
   }
+  if (reply.ok() && reply->outcome() == v1::OUTCOME_OK) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (training_ != task || !Active() || task->cancel) return;
+      SetState(v1::SITE_STATE_SUBMITTING);
+    }
+    // Upload at once on this worker: posting it would cost a thread
+    // hand-off per result while the aggregator's slot waits.
+    SubmitResult(task);
+    return;
+  }
   absl::MutexLock lock(&mu_);
   if (training_ != task || !Active() || task->cancel) return;
   absl::Duration wait = interval;
   if (reply.ok()) {
     switch (reply->outcome()) {
-      case v1::OUTCOME_OK:
-        SetState(v1::SITE_STATE_SUBMITTING);
-        runner_->Post([this, task] { SubmitResult(task); });
-        return;
       case v1::OUTCOME_RETRY:
         if (task->aggregator == options_.site) {
           // Asking ourselves: ask again the moment something changes.
@@ -672,6 +710,16 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
                 reply.status());
   }
   if (runner_->Now() + wait > give_up) {
+    if (!reply.ok()) {
+      // The aggregator stayed unreachable for request_to_submit_max_wait.
+      // Without failover (future work) nothing will come for this job:
+      // fail visibly rather than wait idle forever.
+      Fail(absl::StrCat("round ", task->round, ": aggregator ",
+                        task->aggregator,
+                        " unreachable for request_to_submit_max_wait"),
+           reply.status());
+      return;
+    }
     ReportError(
         absl::StrCat("round ", task->round, ": gave up asking ",
                      task->aggregator, " to submit"),
@@ -844,13 +892,20 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitResult(
   counters_.set_max_submissions_in_flight(
       std::max(counters_.max_submissions_in_flight(),
                counters_.submissions_in_flight()));
-  Bump();
+  // The upload starts on a slot already taken: a status change only (see
+  // RequestToSubmit). A failed result below frees its slot and bumps.
+  ++status_version_;
   ModelAdmission admission;
   if (header.failed()) {
-    target->gatherer->FailResult(
-        header.sender(), absl::StrCat("trainer failed: ", header.failure()),
-        runner_->Now());
+    const std::string reason =
+        absl::StrCat("trainer failed: ", header.failure());
+    target->gatherer->FailResult(header.sender(), reason, runner_->Now());
+    // It has no result for this round and sends none: do not wait for it.
+    if (header.round() == target->round) {
+      target->gatherer->DropTrainer(header.sender(), reason, runner_->Now());
+    }
     counters_.set_submissions_in_flight(counters_.submissions_in_flight() - 1);
+    Bump();
     CheckRound(target->round);
     admission.header_only = true;
     return admission;
@@ -959,7 +1014,10 @@ v1::SubmitPermissionReply SwarmController::RequestToSubmit(
   if (decision.outcome == v1::OUTCOME_RETRY) reply.set_retry_after_ms(retry_ms);
   if (decision.code == PermissionCode::kGranted) {
     counters_.set_submissions_granted(counters_.submissions_granted() + 1);
-    Bump();
+    // A status change only: taking a slot turns no other request's RETRY
+    // into an answer, so the held requests are not woken (a Bump wakes
+    // every one of them).
+    ++status_version_;
   }
   CheckRound(target->round);
   return reply;
@@ -1262,7 +1320,11 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitModel(
         return absl::FailedPreconditionError(
             absl::StrCat("job is ", v1::SiteState_Name(state_)));
       }
-      if (last_task_round_.has_value() && header.round() <= *last_task_round_) {
+      // A repeat of the task this site accepted (its acknowledgement was
+      // lost) is received again and acknowledged again (AcceptLearnTask).
+      if (last_task_round_.has_value() && header.round() <= *last_task_round_ &&
+          !(header.round() == *last_task_round_ &&
+            header.aggregator() == round_aggregator_)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "site ", options_.site, " already has the learn task of round ",
             *last_task_round_));

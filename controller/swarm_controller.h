@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct ControllerOptions {
   // first backoff (doubled each attempt, with jitter).
   int call_attempts = 3;
   absl::Duration first_backoff = absl::Milliseconds(50);
+  // Seed of the backoff jitter; 0 draws one from std::random_device.
+  // Simulations set it so that a run replays exactly.
+  uint64_t jitter_seed = 0;
   // Limits for incoming model streams (the job may lower max_model_bytes).
   AssemblerLimits limits;
 };
@@ -206,6 +210,9 @@ class SwarmController {
   uint64_t permission_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Local submission requests waiting for the next change (Bump).
   std::vector<std::function<void()>> permission_waiters_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex jitter_mu_;
+  std::minstd_rand jitter_ ABSL_GUARDED_BY(jitter_mu_);
 };
 
 }  // namespace swarm

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -118,10 +119,6 @@ absl::Status LocalSwarm::StartSite(
                      "\", not \"listening on HOST:PORT\""));
   }
   site.address = std::string(address);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  site.stub = v1::Peer::NewStub(grpc::CreateCustomChannel(
-      site.address, grpc::InsecureChannelCredentials(), args));
   names_.push_back(name);
   sites_.emplace(name, std::move(site));
   return absl::OkStatus();
@@ -175,7 +172,14 @@ absl::StatusOr<std::unique_ptr<Process>> LocalSwarm::StartSwarmctl(
 }
 
 v1::Peer::Stub& LocalSwarm::Stub(const std::string& name) {
-  return *site(name).stub;
+  SiteProcess& s = site(name);
+  if (s.stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    s.stub = v1::Peer::NewStub(grpc::CreateCustomChannel(
+        s.address, grpc::InsecureChannelCredentials(), args));
+  }
+  return *s.stub;
 }
 
 absl::StatusOr<v1::StatusReply> LocalSwarm::Status(const std::string& name,
@@ -194,9 +198,9 @@ absl::StatusOr<v1::StatusReply> LocalSwarm::Status(const std::string& name,
   v1::StatusReply reply;
   grpc::Status status = Stub(name).Status(&context, request, &reply);
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat("Status of site ", name, ": ",
-                                     status.error_message()));
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        absl::StrCat("Status of site ", name, ": ", status.error_message()));
   }
   return reply;
 }
@@ -220,9 +224,9 @@ absl::Status LocalSwarm::WaitAllDone(const std::string& job_id,
       const v1::SiteState state = reply->status().state();
       if (state == v1::SITE_STATE_DONE) break;
       if (state == v1::SITE_STATE_FAILED || state == v1::SITE_STATE_ABORTED) {
-        return absl::AbortedError(absl::StrCat(
-            "site ", name, " is ", v1::SiteState_Name(state),
-            "; last error: ", reply->status().last_error()));
+        return absl::AbortedError(
+            absl::StrCat("site ", name, " is ", v1::SiteState_Name(state),
+                         "; last error: ", reply->status().last_error()));
       }
       version = reply->version();
     }
@@ -230,36 +234,14 @@ absl::Status LocalSwarm::WaitAllDone(const std::string& job_id,
   return absl::OkStatus();
 }
 
-absl::Status LocalSwarm::StopSite(const std::string& name,
-                                  absl::Duration timeout) {
-  SiteProcess& s = site(name);
-  if (s.process == nullptr) return absl::NotFoundError("no process");
-  absl::Status signalled = s.process->Signal(SIGTERM);
-  if (!signalled.ok()) {
-    return absl::Status(signalled.code(),
-                        absl::StrCat("site ", name, ": ", signalled.message()));
-  }
-  absl::StatusOr<ExitInfo> exit =
-      s.process->Wait(absl::Now() + timeout * TimeScale());
-  if (!exit.ok()) {
-    s.process->Kill();
-    return absl::DeadlineExceededError(
-        absl::StrCat("site ", name, " did not stop within ",
-                     absl::FormatDuration(timeout * TimeScale()),
-                     " of SIGTERM"));
-  }
-  if (!exit->exited || exit->exit_code != 0) {
-    return absl::InternalError(absl::StrCat(
-        "site ", name, " ended with ", exit->ToString(), " after SIGTERM\n",
-        LastLines(ReadFileOrEmpty(s.log_path), 30)));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status LocalSwarm::StopAll(absl::Duration timeout) {
-  // Signal all first so they shut down in parallel, then check each.
+  // Close this process's own connections first (as a swarmctl that has
+  // exited would): a gRPC server's graceful shutdown waits for connected
+  // clients up to the daemon's shutdown deadline. Then signal every site so
+  // they shut down in parallel, and check each.
   for (const std::string& name : names_) {
     SiteProcess& s = sites_.at(name);
+    s.stub.reset();
     if (s.process != nullptr && s.process->running()) {
       s.process->Signal(SIGTERM).IgnoreError();
     }
@@ -273,10 +255,9 @@ absl::Status LocalSwarm::StopAll(absl::Duration timeout) {
     absl::Status status;
     if (!exit.ok()) {
       s.process->Kill();
-      status = absl::DeadlineExceededError(
-          absl::StrCat("site ", name, " did not stop within ",
-                       absl::FormatDuration(timeout * TimeScale()),
-                       " of SIGTERM"));
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "site ", name, " did not stop within ",
+          absl::FormatDuration(timeout * TimeScale()), " of SIGTERM"));
     } else if (!exit->exited || exit->exit_code != 0) {
       status = absl::InternalError(absl::StrCat(
           "site ", name, " ended with ", exit->ToString(), " after SIGTERM\n",
@@ -290,8 +271,7 @@ absl::Status LocalSwarm::StopAll(absl::Duration timeout) {
 std::string LocalSwarm::Logs(int lines) {
   std::string out;
   for (const std::string& name : names_) {
-    absl::StrAppend(&out, "--- ", name, " (", sites_.at(name).log_path,
-                    "):\n",
+    absl::StrAppend(&out, "--- ", name, " (", sites_.at(name).log_path, "):\n",
                     LastLines(ReadFileOrEmpty(sites_.at(name).log_path), lines),
                     "\n");
   }

@@ -37,7 +37,7 @@ struct SiteProcess {
   std::string config_path;
   std::string log_path;
   std::unique_ptr<Process> process;
-  std::unique_ptr<v1::Peer::Stub> stub;
+  std::unique_ptr<v1::Peer::Stub> stub;  // Made by LocalSwarm::Stub.
 };
 
 class LocalSwarm {
@@ -52,9 +52,9 @@ class LocalSwarm {
 
   // Writes the site config (test learner with `learner_params`), starts
   // swarm-client and waits for its "listening on HOST:PORT" line.
-  absl::Status StartSite(const std::string& name,
-                         const std::map<std::string, std::string>&
-                             learner_params);
+  absl::Status StartSite(
+      const std::string& name,
+      const std::map<std::string, std::string>& learner_params);
   SiteProcess& site(const std::string& name);
   // Names in start order.
   const std::vector<std::string>& site_names() const { return names_; }
@@ -86,9 +86,8 @@ class LocalSwarm {
   // last error, and at `deadline` naming the sites not done.
   absl::Status WaitAllDone(const std::string& job_id, absl::Time deadline);
 
-  // SIGTERM; the daemon must exit with status 0 within `timeout`.
-  absl::Status StopSite(const std::string& name, absl::Duration timeout);
-  // StopSite for every running site; the first error.
+  // SIGTERM to every running site; each must exit with status 0 within
+  // `timeout`. Returns the first problem.
   absl::Status StopAll(absl::Duration timeout);
 
   // The last `lines` log lines of every site, for failure messages.

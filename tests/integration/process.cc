@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(
   // Everything the child needs is prepared before fork: after fork, in a
   // multithreaded parent, only async-signal-safe calls are allowed.
   std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : argv)
+    args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
 
   int out_pipe[2] = {-1, -1};
@@ -83,14 +84,22 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(
   }
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return Errno("fork");
+  if (pid < 0) {
+    const absl::Status status = Errno("fork");
+    close(err_fd);
+    if (out_fd >= 0) close(out_fd);
+    if (out_pipe[0] >= 0) {
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+    }
+    return status;
+  }
   if (pid == 0) {
     // Child. Die with the test, even if it crashes.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     const int child_out = stdout_path.empty() ? out_pipe[1] : out_fd;
-    if (dup2(child_out, STDOUT_FILENO) < 0 ||
-        dup2(err_fd, STDERR_FILENO) < 0) {
+    if (dup2(child_out, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0) {
       _exit(127);
     }
     const int null_fd = open("/dev/null", O_RDONLY);
@@ -133,15 +142,13 @@ absl::StatusOr<std::string> Process::ReadLine(absl::Time deadline) {
     }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no line from pid ", pid_, " in time (so far: \"",
-                       buffer_, "\")"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no line from pid ", pid_, " in time (so far: \"", buffer_, "\")"));
     }
     pollfd fd = {stdout_fd_, POLLIN, 0};
-    const int ready = poll(
-        &fd, 1,
-        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1,
-                                           1000)));
+    const int ready = poll(&fd, 1,
+                           static_cast<int>(std::min<int64_t>(
+                               absl::ToInt64Milliseconds(left) + 1, 1000)));
     if (ready < 0) {
       if (errno == EINTR) continue;
       return Errno("poll");
