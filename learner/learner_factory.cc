@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "learner/mlp_learner.h"
 #include "learner/test_learner.h"
 
 namespace swarm {
@@ -33,7 +34,8 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
   const std::map<std::string, std::string> params =
       MergeLearnerParams(config, job_params);
   if (config.kind().empty()) {
-    return absl::InvalidArgumentError("learner.kind: empty (known: \"test\")");
+    return absl::InvalidArgumentError(
+        "learner.kind: empty (known: \"test\", \"mlp\")");
   }
   if (config.kind() == "test") {
     SWARM_ASSIGN_OR_RETURN(TestLearnerOptions options,
@@ -47,8 +49,22 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
                            TestLearner::Create(std::move(options)));
     return std::unique_ptr<Learner>(std::move(learner));
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "learner.kind: unknown learner \"%s\" (known: \"test\")", config.kind()));
+  if (config.kind() == "mlp") {
+    SWARM_ASSIGN_OR_RETURN(MlpLearnerOptions options,
+                           ParseMlpLearnerOptions(site_name, params));
+    std::set<std::string> unknown = UnknownMlpLearnerParams(params);
+    if (!unknown.empty()) {
+      SWARM_LOG_WARNING("mlp learner ignores learner params: %s",
+                        absl::StrJoin(unknown, ", "));
+    }
+    SWARM_ASSIGN_OR_RETURN(std::unique_ptr<MlpLearner> learner,
+                           MlpLearner::Create(std::move(options)));
+    return std::unique_ptr<Learner>(std::move(learner));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("learner.kind: unknown learner \"%s\" (known: \"test\", "
+                      "\"mlp\")",
+                      config.kind()));
 }
 
 }  // namespace swarm

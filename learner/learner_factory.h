@@ -25,11 +25,14 @@ std::map<std::string, std::string> MergeLearnerParams(
     const google::protobuf::Map<std::string, std::string>& job_params);
 
 // A learner of kind config.kind for `site_name`, with MergeLearnerParams.
-// Kinds: "test" (TestLearner). Errors are InvalidArgument: an empty or
-// unknown kind names it (`learner.kind: unknown learner "foo" (known:
-// "test")`); a malformed parameter names the parameter. Parameters a kind
-// does not read are logged as a warning, not refused (a job's params may be
-// meant for another kind).
+// Kinds: "test" (TestLearner), "mlp" (MlpLearner: creating it loads
+// Fashion-MNIST and computes the site's shard). Errors are InvalidArgument:
+// an empty or unknown kind names it (`learner.kind: unknown learner "foo"
+// (known: "test", "mlp")`); a malformed parameter names the parameter. For
+// "mlp" also NotFound (dataset missing; names the package to install) and
+// DataLoss (corrupted dataset file; names it). Parameters a kind does not
+// read are logged as a warning, not refused (a job's params may be meant for
+// another kind).
 absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
     const v1::LearnerConfig& config, absl::string_view site_name,
     const std::map<std::string, std::string>& job_params);
