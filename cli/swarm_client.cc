@@ -1,6 +1,10 @@
 // swarm-client: the site daemon.
 //
-//   swarm-client --config site.json [--threads 8]
+//   swarm-client --config site.json [--threads 8] [--insecure]
+//
+// Serves with the site's certificate (site.json "tls_dir", made by swarmctl
+// provision) and requires every caller to present a certificate of the same
+// project CA. --insecure serves plaintext instead (and says so in the log).
 //
 // Serves the Peer service on the site's listen address, runs the jobs that
 // swarmctl configures, and logs one line per meaningful event on stderr.
@@ -25,23 +29,31 @@
 #include "controller/swarm_controller.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
+#include "security/certificates.h"
+#include "security/tls.h"
 #include "streaming/grpc_stream.h"
 
 namespace swarm {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: swarm-client --config site.json [--threads N]\n"
+    "usage: swarm-client --config site.json [--threads N] [--insecure]\n"
     "  site.json: {\"name\": \"site-a\", \"listen_address\": "
     "\"0.0.0.0:7001\",\n"
-    "              \"workspace\": \"/var/lib/swarm\",\n"
+    "              \"workspace\": \"/var/lib/swarm\", \"tls_dir\": "
+    "\"/etc/swarm/site-a\",\n"
     "              \"learner\": {\"kind\": \"mlp\", \"params\": {...}}}\n";
 
 int Run(int argc, char** argv) {
   std::string config_path;
   int threads = 8;
+  bool insecure = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--insecure") {
+      insecure = true;
+      continue;
+    }
     if (arg == "--config" && i + 1 < argc) {
       config_path = argv[++i];
     } else if (arg == "--threads" && i + 1 < argc) {
@@ -71,6 +83,39 @@ int Run(int argc, char** argv) {
   }
   SetLogTag(config->name());
 
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  if (insecure) {
+    SWARM_LOG_WARNING(
+        "--insecure: serving and calling peers WITHOUT TLS; anyone who can "
+        "reach this port can act as any site or admin");
+    server_credentials = grpc::InsecureServerCredentials();
+    channel_credentials = grpc::InsecureChannelCredentials();
+  } else {
+    if (config->tls_dir().empty()) {
+      SWARM_LOG_ERROR(
+          "site config %s has no tls_dir: provision certificates with "
+          "`swarmctl provision` and set tls_dir, or run with --insecure",
+          config_path);
+      return 2;
+    }
+    absl::StatusOr<security::TlsIdentity> identity =
+        security::LoadTlsIdentity(config->tls_dir());
+    if (!identity.ok()) {
+      SWARM_LOG_ERROR("TLS identity: %s", identity.status().message());
+      return 2;
+    }
+    if (identity->name != config->name() ||
+        identity->role != security::kSiteRole) {
+      SWARM_LOG_ERROR(
+          "the certificate in %s is for \"%s\" (%s), not for site \"%s\"",
+          config->tls_dir(), identity->name, identity->role, config->name());
+      return 2;
+    }
+    server_credentials = security::ServerCredentials(*identity);
+    channel_credentials = security::ClientCredentials(*identity);
+  }
+
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -92,19 +137,28 @@ int Run(int argc, char** argv) {
   }
 
   auto runner = std::make_unique<ThreadPoolRunner>(threads);
-  PeerChannels channels;
+  PeerChannels channels(channel_credentials);
   GrpcPeerTransport transport(&channels);
   ControllerOptions options;
   options.site = config->name();
   SwarmController controller(options, &transport, learner->get(), &store,
                              runner.get());
-  PeerService service(&controller);
+  PeerServiceOptions service_options;
+  service_options.tls = !insecure;
+  if (config->max_calls_per_peer() > 0) {
+    service_options.max_calls_per_peer =
+        static_cast<int>(config->max_calls_per_peer());
+  }
+  if (config->max_stream_seconds() > 0) {
+    service_options.max_stream_time =
+        absl::Seconds(config->max_stream_seconds());
+  }
+  PeerService service(&controller, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config->listen_address(),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config->listen_address(), server_credentials, &port);
   ApplyModelStreamArgs(&builder, AssemblerLimits());
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -4,12 +4,19 @@
 //   swarmctl status --job job.json [--watch] [--interval-ms 500]
 //   swarmctl abort  --job job.json [--reason TEXT]
 //   swarmctl fetch  --site HOST:PORT --which best|last --out FILE [--job-id ID]
+//   swarmctl provision --out DIR --job job.json [--admin NAME]... [--site
+//   NAME]...
+//
+// Every command but provision talks mTLS with an admin identity:
+// --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
+// SWARM_TLS_DIR environment variable; --insecure talks plaintext instead.
 //
 // Exit codes: 0 success; 1 a site failed or refused (the message names it);
 // 2 bad usage or an invalid job config (nothing was sent to any site).
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,6 +27,8 @@
 #include "absl/time/clock.h"
 #include "controller/job_config.h"
 #include "proto/swarm.grpc.pb.h"
+#include "security/provision.h"
+#include "security/tls.h"
 #include "streaming/grpc_stream.h"
 #include "streaming/tensor_sink.h"
 
@@ -32,7 +41,10 @@ constexpr char kUsage[] =
     "  swarmctl status --job job.json [--watch] [--interval-ms 500]\n"
     "  swarmctl abort  --job job.json [--reason TEXT]\n"
     "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
-    "[--job-id ID]\n";
+    "[--job-id ID]\n"
+    "  swarmctl provision --out DIR --job job.json [--admin NAME]... "
+    "[--site NAME]...\n"
+    "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n";
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 constexpr char kOperator[] = "swarmctl";
@@ -40,8 +52,18 @@ constexpr char kOperator[] = "swarmctl";
 struct Args {
   std::string command;
   std::map<std::string, std::string> values;
+  // Flags that may repeat (--admin, --site for provision).
+  std::map<std::string, std::vector<std::string>> lists;
   bool watch = false;
+  bool insecure = false;
+  bool changes_only = false;
 };
+
+// The channel credentials of this run (set once in Run).
+std::shared_ptr<grpc::ChannelCredentials>& Credentials() {
+  static auto* credentials = new std::shared_ptr<grpc::ChannelCredentials>();
+  return *credentials;
+}
 
 absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
   Args args;
@@ -51,6 +73,13 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--watch") {
       args.watch = true;
+    } else if (arg == "--insecure") {
+      args.insecure = true;
+    } else if (arg == "--changes-only") {
+      args.changes_only = true;
+    } else if ((arg == "--admin" || arg == "--site") && i + 1 < argc) {
+      args.lists[arg.substr(2)].push_back(argv[i + 1]);
+      args.values[arg.substr(2)] = argv[++i];
     } else if (arg.rfind("--", 0) == 0 && i + 1 < argc) {
       args.values[arg.substr(2)] = argv[++i];
     } else {
@@ -64,8 +93,8 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
 std::unique_ptr<v1::Peer::Stub> StubFor(const std::string& address) {
   grpc::ChannelArguments args;
   ApplyModelStreamArgs(&args, AssemblerLimits());
-  return v1::Peer::NewStub(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args));
+  return v1::Peer::NewStub(
+      grpc::CreateCustomChannel(address, Credentials(), args));
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
@@ -163,9 +192,9 @@ int Status(const Args& args) {
   while (true) {
     int done = 0;
     int failed = 0;
-    std::string table =
-        absl::StrFormat("%-16s %-24s %-12s %6s %-10s %s\n", "SITE", "STATE",
-                        "ROLE", "ROUND", "BEST", "LAST ERROR");
+    std::string table = absl::StrFormat(
+        "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n", "SITE", "STATE", "ROLE",
+        "ROUND", "AGGREGATOR", "VAL ACC", "BEST", "LAST ERROR");
     for (const v1::SiteInfo& site : job->sites()) {
       grpc::ClientContext context;
       SetDeadline(&context, absl::Seconds(3));
@@ -176,9 +205,9 @@ int Status(const Args& args) {
       grpc::Status status =
           stubs[site.name()]->Status(&context, request, &reply);
       if (!status.ok()) {
-        absl::StrAppendFormat(&table, "%-16s %-24s %-12s %6s %-10s %s\n",
-                              site.name(), "unreachable", "-", "-", "-",
-                              status.error_message());
+        absl::StrAppendFormat(
+            &table, "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n", site.name(),
+            "unreachable", "-", "-", "-", "-", "-", status.error_message());
         ++failed;
         continue;
       }
@@ -187,17 +216,28 @@ int Status(const Args& args) {
       if (s.role().aggregator()) role += role.empty() ? "aggregator" : "+aggr";
       const std::string best =
           s.best().present() ? absl::StrFormat("%.4f", s.best().metric()) : "-";
-      absl::StrAppendFormat(&table, "%-16s %-24s %-12s %6d %-10s %s\n",
-                            site.name(), StateName(s.state()),
-                            role.empty() ? "-" : role, s.round(), best,
-                            s.last_error());
+      auto accuracy = s.metrics().find("accuracy");
+      const std::string validation =
+          accuracy == s.metrics().end()
+              ? "-"
+              : absl::StrFormat("%.4f", accuracy->second);
+      absl::StrAppendFormat(
+          &table, "%-12s %-22s %-12s %5d %-12s %-8s %-8s %s\n", site.name(),
+          StateName(s.state()), role.empty() ? "-" : role, s.round(),
+          s.aggregator().empty() ? "-" : s.aggregator(), validation, best,
+          s.last_error());
       if (s.state() == v1::SITE_STATE_DONE) ++done;
       if (s.state() == v1::SITE_STATE_FAILED ||
           s.state() == v1::SITE_STATE_ABORTED) {
         ++failed;
       }
     }
-    std::printf("%s", table.c_str());
+    static std::string last_table;
+    if (!args.changes_only || table != last_table) {
+      std::printf("%s", table.c_str());
+      if (args.watch) std::printf("\n");
+      last_table = table;
+    }
     const int sites = job->sites_size();
     if (!args.watch) return failed > 0 ? 1 : 0;
     if (done == sites) {
@@ -209,7 +249,6 @@ int Status(const Args& args) {
                   job->job_id().c_str(), failed);
       return 1;
     }
-    std::printf("\n");
     std::fflush(stdout);
     absl::SleepFor(absl::Milliseconds(interval_ms));  // operator display only
   }
@@ -289,8 +328,8 @@ int Fetch(const Args& args) {
   SetDeadline(&context, absl::Hours(1));
   grpc::ChannelArguments channel_args;
   ApplyModelStreamArgs(&channel_args, AssemblerLimits());
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), channel_args);
+  auto channel =
+      grpc::CreateCustomChannel(address, Credentials(), channel_args);
   absl::StatusOr<Model> model =
       FetchModelFromPeer(channel.get(), &context, request, &assembler);
   if (!model.ok()) {
@@ -306,12 +345,79 @@ int Fetch(const Args& args) {
   return 0;
 }
 
+int Provision(const Args& args) {
+  if (args.values.count("out") == 0) {
+    std::fprintf(stderr, "swarmctl: provision needs --out DIR\n%s", kUsage);
+    return 2;
+  }
+  absl::StatusOr<v1::JobConfig> job = LoadJob(args);
+  if (!job.ok()) {
+    std::fprintf(stderr, "swarmctl: %s\n",
+                 std::string(job.status().message()).c_str());
+    return 2;
+  }
+  security::ProvisionOptions options;
+  if (args.lists.count("admin") > 0) options.admins = args.lists.at("admin");
+  if (args.lists.count("site") > 0) options.only_sites = args.lists.at("site");
+  const std::string out = args.values.at("out");
+  absl::StatusOr<security::ProvisionReport> report =
+      security::Provision(*job, out, options);
+  if (!report.ok()) {
+    std::fprintf(stderr, "swarmctl: provision: %s\n",
+                 std::string(report.status().message()).c_str());
+    return report.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::printf("%s CA in %s/ca (keep ca.key there)\n",
+              report->created_ca ? "created the" : "reused the", out.c_str());
+  for (const std::string& folder : report->folders) {
+    std::printf("wrote %s\n", folder.c_str());
+  }
+  return 0;
+}
+
+// Sets Credentials() from --insecure, --tls-dir or $SWARM_TLS_DIR.
+int ChooseCredentials(const Args& args) {
+  if (args.insecure) {
+    std::fprintf(
+        stderr,
+        "swarmctl: warning: --insecure: talking to sites WITHOUT TLS\n");
+    Credentials() = grpc::InsecureChannelCredentials();
+    return 0;
+  }
+  std::string dir =
+      args.values.count("tls-dir") > 0 ? args.values.at("tls-dir") : "";
+  if (dir.empty() && std::getenv("SWARM_TLS_DIR") != nullptr) {
+    dir = std::getenv("SWARM_TLS_DIR");
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr,
+                 "swarmctl: give an admin identity with --tls-dir DIR (made by "
+                 "swarmctl provision --admin NAME) or SWARM_TLS_DIR, or use "
+                 "--insecure\n");
+    return 2;
+  }
+  absl::StatusOr<security::TlsIdentity> identity =
+      security::LoadTlsIdentity(dir);
+  if (!identity.ok()) {
+    std::fprintf(stderr, "swarmctl: %s\n",
+                 std::string(identity.status().message()).c_str());
+    return 2;
+  }
+  Credentials() = security::ClientCredentials(*identity);
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   absl::StatusOr<Args> args = ParseArgs(argc, argv);
   if (!args.ok()) {
     std::fprintf(stderr, "swarmctl: %s\n%s",
                  std::string(args.status().message()).c_str(), kUsage);
     return 2;
+  }
+  if (args->command == "provision") return Provision(*args);
+  if (args->command == "start" || args->command == "status" ||
+      args->command == "abort" || args->command == "fetch") {
+    if (int code = ChooseCredentials(*args); code != 0) return code;
   }
   if (args->command == "start") return Start(*args);
   if (args->command == "status") return Status(*args);

@@ -342,18 +342,22 @@ class FakeAggregatorTest : public ::testing::Test {
   static constexpr uint64_t kElements = 4096;  // 16 KiB: four chunks.
 
   void SetUp() override {
+    swarm_ = std::make_unique<LocalSwarm>(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const security::TlsIdentity& fake_identity =
+        swarm_->Identity("fake-aggr", security::kSiteRole);
+    channels_ = std::make_unique<PeerChannels>(
+        security::ClientCredentials(fake_identity));
+    transport_ = std::make_unique<GrpcPeerTransport>(channels_.get());
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &fake_port_);
+    builder.AddListeningPort(
+        "127.0.0.1:0", security::ServerCredentials(fake_identity), &fake_port_);
     builder.RegisterService(&fake_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(fake_port_, 0);
     fake_info_.set_name("fake-aggr");
     fake_info_.set_address(absl::StrCat("127.0.0.1:", fake_port_));
-
-    swarm_ = std::make_unique<LocalSwarm>(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_OK_STATUS(swarm_->StartSite("site-a", {{"delta", "0.5"}}));
     job_ = TwoSiteJob(kJob, swarm_->Info("site-a"), fake_info_);
     job_.add_trainers("site-a");
@@ -390,7 +394,7 @@ class FakeAggregatorTest : public ::testing::Test {
     header.set_sender("fake-aggr");
     header.set_aggregator(aggregator);
     header.add_expected_trainers("site-a");
-    return transport_.SendLearnTask(
+    return transport_->SendLearnTask(
         swarm_->Info("site-a"), header,
         std::make_shared<const Model>(std::move(*model)));
   }
@@ -401,14 +405,17 @@ class FakeAggregatorTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<LocalSwarm> swarm_;
   v1::JobConfig job_;
-  PeerChannels channels_;
-  GrpcPeerTransport transport_{&channels_};
+  std::unique_ptr<PeerChannels> channels_;
+  std::unique_ptr<GrpcPeerTransport> transport_;
 };
 
 TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
   const std::string other = "job-b";
   const std::string why = "runs job \"job-a\", not \"job-b\"";
   v1::Peer::Stub& stub = swarm_->Stub("site-a");
+  // Peer calls come with the fake aggregator's own certificate.
+  std::unique_ptr<v1::Peer::Stub> peer =
+      swarm_->StubAs("site-a", "fake-aggr", security::kSiteRole);
   {
     grpc::ClientContext context;
     SetDeadline(&context);
@@ -436,7 +443,7 @@ TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
     request.set_job_id(other);
     request.set_sender("fake-aggr");
     v1::SubmitPermissionReply reply;
-    ASSERT_TRUE(stub.RequestToSubmit(&context, request, &reply).ok());
+    ASSERT_TRUE(peer->RequestToSubmit(&context, request, &reply).ok());
     EXPECT_EQ(reply.outcome(), v1::OUTCOME_REJECTED);
     EXPECT_THAT(reply.message(), HasSubstr(why));
   }
@@ -447,7 +454,7 @@ TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
     request.set_job_id(other);
     request.set_sender("fake-aggr");
     v1::Reply reply;
-    ASSERT_TRUE(stub.ShareBest(&context, request, &reply).ok());
+    ASSERT_TRUE(peer->ShareBest(&context, request, &reply).ok());
     EXPECT_EQ(reply.outcome(), v1::OUTCOME_REJECTED);
     EXPECT_THAT(reply.message(), HasSubstr(why));
   }

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -66,7 +67,57 @@ int TimeScale() {
 #endif
 }
 
-LocalSwarm::LocalSwarm(absl::string_view label) : dir_(MakeTempDir(label)) {}
+LocalSwarm::LocalSwarm(absl::string_view label) : dir_(MakeTempDir(label)) {
+  absl::StatusOr<security::KeyAndCert> ca =
+      security::CreateCa("integration CA");
+  if (!ca.ok()) {
+    ADD_FAILURE() << "cannot make a CA: " << ca.status();
+    return;
+  }
+  ca_ = std::move(*ca);
+  Identity("admin", security::kAdminRole);
+  admin_tls_dir_ = absl::StrCat(dir_, "/pki/admin");
+}
+
+const security::TlsIdentity& LocalSwarm::Identity(const std::string& name,
+                                                  const std::string& role) {
+  auto it = identities_.find(name);
+  if (it != identities_.end()) return it->second;
+  security::CertRequest request;
+  request.common_name = name;
+  request.role = role;
+  request.ip_addresses = {"127.0.0.1"};
+  request.dns_names = {"localhost"};
+  absl::StatusOr<security::KeyAndCert> issued =
+      security::IssueCertificate(ca_, request);
+  if (!issued.ok())
+    ADD_FAILURE() << "cannot issue for " << name << ": " << issued.status();
+  security::TlsIdentity identity;
+  if (issued.ok()) {
+    identity.key_pem = issued->key_pem;
+    identity.cert_pem = issued->cert_pem;
+  }
+  identity.ca_pem = ca_.cert_pem;
+  identity.name = name;
+  identity.role = role;
+  const std::string folder = absl::StrCat(dir_, "/pki/", name);
+  std::filesystem::create_directories(folder);
+  WriteFile(absl::StrCat("pki/", name, "/key.pem"), identity.key_pem);
+  WriteFile(absl::StrCat("pki/", name, "/cert.pem"), identity.cert_pem);
+  WriteFile(absl::StrCat("pki/", name, "/ca.crt"), identity.ca_pem);
+  chmod(absl::StrCat(folder, "/key.pem").c_str(), 0600);
+  return identities_.emplace(name, std::move(identity)).first->second;
+}
+
+std::unique_ptr<v1::Peer::Stub> LocalSwarm::StubAs(const std::string& name,
+                                                   const std::string& as,
+                                                   const std::string& role) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return v1::Peer::NewStub(grpc::CreateCustomChannel(
+      site(name).address, security::ClientCredentials(Identity(as, role)),
+      args));
+}
 
 LocalSwarm::~LocalSwarm() {
   for (auto& [name, site] : sites_) {
@@ -96,6 +147,8 @@ absl::Status LocalSwarm::StartSite(
   config.set_listen_address("127.0.0.1:0");
   config.set_workspace(site.workspace);
   config.mutable_learner()->set_kind("test");
+  Identity(name, security::kSiteRole);
+  config.set_tls_dir(absl::StrCat(dir_, "/pki/", name));
   for (const auto& [key, value] : learner_params) {
     (*config.mutable_learner()->mutable_params())[key] = value;
   }
@@ -155,10 +208,25 @@ std::string LocalSwarm::WriteJob(const v1::JobConfig& job,
   return WriteFile(name, ToJson(job));
 }
 
+// swarmctl acts as the admin unless the test says otherwise.
+static std::vector<std::string> WithAdminIdentity(std::vector<std::string> args,
+                                                  const std::string& tls_dir) {
+  const bool chosen =
+      std::find(args.begin(), args.end(), "--insecure") != args.end() ||
+      std::find(args.begin(), args.end(), "--tls-dir") != args.end() ||
+      (!args.empty() && args[0] == "provision");
+  if (!chosen) {
+    args.push_back("--tls-dir");
+    args.push_back(tls_dir);
+  }
+  return args;
+}
+
 CommandResult LocalSwarm::Swarmctl(const std::vector<std::string>& args,
                                    absl::Duration timeout) {
   std::vector<std::string> argv = {SwarmctlPath()};
-  argv.insert(argv.end(), args.begin(), args.end());
+  const std::vector<std::string> full = WithAdminIdentity(args, admin_tls_dir_);
+  argv.insert(argv.end(), full.begin(), full.end());
   return RunCommand(argv, absl::StrCat(dir_, "/swarmctl-", ++commands_),
                     timeout * TimeScale());
 }
@@ -166,7 +234,8 @@ CommandResult LocalSwarm::Swarmctl(const std::vector<std::string>& args,
 absl::StatusOr<std::unique_ptr<Process>> LocalSwarm::StartSwarmctl(
     const std::vector<std::string>& args, const std::string& name) {
   std::vector<std::string> argv = {SwarmctlPath()};
-  argv.insert(argv.end(), args.begin(), args.end());
+  const std::vector<std::string> full = WithAdminIdentity(args, admin_tls_dir_);
+  argv.insert(argv.end(), full.begin(), full.end());
   return Process::Start(argv, absl::StrCat(dir_, "/", name, ".out"),
                         absl::StrCat(dir_, "/", name, ".err"));
 }
@@ -177,7 +246,9 @@ v1::Peer::Stub& LocalSwarm::Stub(const std::string& name) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     s.stub = v1::Peer::NewStub(grpc::CreateCustomChannel(
-        s.address, grpc::InsecureChannelCredentials(), args));
+        s.address,
+        security::ClientCredentials(Identity("admin", security::kAdminRole)),
+        args));
   }
   return *s.stub;
 }

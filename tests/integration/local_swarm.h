@@ -5,6 +5,10 @@
 // stub, wait for a job to finish, and stop the daemons (each must exit 0 on
 // SIGTERM). Whatever still runs when the LocalSwarm is destroyed is killed;
 // the folder is removed unless the test failed.
+//
+// Everything runs with mTLS: the LocalSwarm makes a project CA, a
+// certificate for every site it starts (its tls_dir) and one for the admin
+// "admin" that swarmctl (--tls-dir) and Stub() use.
 #ifndef SWARM_TESTS_INTEGRATION_LOCAL_SWARM_H_
 #define SWARM_TESTS_INTEGRATION_LOCAL_SWARM_H_
 
@@ -19,6 +23,8 @@
 #include "absl/time/time.h"
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
+#include "security/certificates.h"
+#include "security/tls.h"
 #include "tests/integration/process.h"
 
 namespace swarm::testing {
@@ -75,7 +81,18 @@ class LocalSwarm {
   absl::StatusOr<std::unique_ptr<Process>> StartSwarmctl(
       const std::vector<std::string>& args, const std::string& name);
 
+  // A stub to `site` acting as the admin.
   v1::Peer::Stub& Stub(const std::string& site);
+  // A stub to `site` presenting the identity `as` (issued on first use;
+  // role kSiteRole or kAdminRole).
+  std::unique_ptr<v1::Peer::Stub> StubAs(const std::string& site,
+                                         const std::string& as,
+                                         const std::string& role);
+  // An identity signed by this swarm's CA (issued on first use), e.g. for a
+  // stand-in peer run by the test; its folder is <dir>/pki/<name>.
+  const security::TlsIdentity& Identity(const std::string& name,
+                                        const std::string& role);
+  const std::string& admin_tls_dir() const { return admin_tls_dir_; }
   // Status RPC; `wait_ms` > 0 long-polls for a change from `known_version`.
   absl::StatusOr<v1::StatusReply> Status(const std::string& site,
                                          const std::string& job_id = "",
@@ -95,6 +112,9 @@ class LocalSwarm {
 
  private:
   std::string dir_;
+  security::KeyAndCert ca_;
+  std::map<std::string, security::TlsIdentity> identities_;
+  std::string admin_tls_dir_;
   int commands_ = 0;
   std::vector<std::string> names_;
   std::map<std::string, SiteProcess> sites_;
