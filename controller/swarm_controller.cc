@@ -545,8 +545,8 @@ void SwarmController::SendLearnTaskToAggregator(
           // (it holds this round's task or a later one, or has finished):
           // the round went ahead. Not a reason to fail the job.
           SWARM_LOG_INFO(
-              "round %d: aggregator %s already had its learn task (%s)",
-              round, aggregator, status.message());
+              "round %d: aggregator %s already had its learn task (%s)", round,
+              aggregator, status.message());
           return absl::OkStatus();
         }
         return status;
@@ -665,7 +665,9 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
     }
   }
   absl::StatusOr<v1::SubmitPermissionReply> reply;
+  uint64_t version_before = 0;
   if (task->aggregator == options_.site) {
+    version_before = permission_version();
     reply = RequestToSubmit(request);
   } else if (to.has_value()) {
     reply = transport_->RequestToSubmit(*to, request, timeout);
@@ -690,8 +692,13 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
     switch (reply->outcome()) {
       case v1::OUTCOME_RETRY:
         if (task->aggregator == options_.site) {
-          // Asking ourselves: ask again the moment something changes.
-          permission_waiters_.push_back([this, task] { AskToSubmit(task); });
+          // Asking ourselves: ask again the moment something changes (at
+          // once if something changed since we asked).
+          if (permission_version_ != version_before) {
+            runner_->Post([this, task] { AskToSubmit(task); });
+          } else {
+            permission_waiters_.push_back([this, task] { AskToSubmit(task); });
+          }
           return;
         }
         wait = Millis(reply->retry_after_ms());
@@ -714,10 +721,10 @@ void SwarmController::AskToSubmit(std::shared_ptr<TrainingTask> task) {
       // The aggregator stayed unreachable for request_to_submit_max_wait.
       // Without failover (future work) nothing will come for this job:
       // fail visibly rather than wait idle forever.
-      Fail(absl::StrCat("round ", task->round, ": aggregator ",
-                        task->aggregator,
-                        " unreachable for request_to_submit_max_wait"),
-           reply.status());
+      Fail(
+          absl::StrCat("round ", task->round, ": aggregator ", task->aggregator,
+                       " unreachable for request_to_submit_max_wait"),
+          reply.status());
       return;
     }
     ReportError(
@@ -810,10 +817,14 @@ void SwarmController::OpenRound(const v1::ModelHeader& header,
   options.open_time = runner_->Now();
   round->gatherer = std::make_unique<Gatherer>(
       std::move(options), MetricComparator(job_->metric_direction()));
-  absl::StatusOr<std::unique_ptr<Aggregator>> aggregator =
-      Aggregator::Create(AggregatorOptions::FromJobConfig(
-                             *job_, store_->OffloadDir(job_->job_id())),
-                         base);
+  // Results go to disk when the job asks for it, and always for the methods
+  // that need every result at the end (median, trimmed mean).
+  const bool offload = job_->disk_offload() ||
+                       job_->aggregation_method() != v1::AGGREGATION_FEDAVG;
+  absl::StatusOr<std::unique_ptr<Aggregator>> aggregator = Aggregator::Create(
+      AggregatorOptions::FromJobConfig(
+          *job_, offload ? store_->OffloadDir(job_->job_id()) : std::string()),
+      base);
   if (!aggregator.ok()) {
     Fail(absl::StrCat("round ", header.round(), ": aggregator"),
          aggregator.status());
@@ -1041,6 +1052,7 @@ void SwarmController::FinishRound(uint32_t number) {
   std::unique_ptr<AggregatorRound> round;
   v1::BestRecord best;
   bool won = false;
+  std::optional<double> input_score;
   {
     absl::MutexLock lock(&mu_);
     auto it = rounds_.find(number);
@@ -1048,6 +1060,7 @@ void SwarmController::FinishRound(uint32_t number) {
     round = std::move(it->second);
     rounds_.erase(it);
     best = round->gatherer->BestAfterRound();
+    input_score = round->gatherer->RoundScore();
     won = round->gatherer->ScoreBeatsBest();
     if (won) {
       best_model_ = round->base;
@@ -1092,6 +1105,10 @@ void SwarmController::FinishRound(uint32_t number) {
   metadata["job"] = job_id;
   metadata["round"] = absl::StrCat(number + 1);
   metadata["aggregator"] = options_.site;
+  // The trainers' mean validation metric of this round's input model.
+  if (input_score.has_value()) {
+    metadata["input_score"] = absl::StrCat(*input_score);
+  }
   absl::Status saved =
       store_->SaveGlobal(job_id, number + 1, *next, metadata, keep_round);
   if (!saved.ok()) {
@@ -1182,6 +1199,13 @@ v1::Reply SwarmController::ShareBest(const v1::ShareBestRequest& request) {
     absl::MutexLock lock(&mu_);
     absl::Status job = CheckJob(request.job_id());
     if (!job.ok()) return ReplyFromStatus(job);
+    if (request.sender() != LastRoundAggregator()) {
+      return MakeReply(v1::OUTCOME_REJECTED,
+                       absl::StrCat("only the last round's aggregator ",
+                                    LastRoundAggregator(),
+                                    " may ask to share the best model, not ",
+                                    request.sender()));
+    }
     if (best_model_ == nullptr || best_model_round_ != request.best().round()) {
       return MakeReply(v1::OUTCOME_REJECTED,
                        absl::StrCat("site ", options_.site,
@@ -1300,6 +1324,43 @@ v1::Reply SwarmController::AcceptFinal(const v1::ModelHeader& header,
 // ---------------------------------------------------------------------------
 // Incoming model streams
 
+std::string SwarmController::LastRoundAggregator() const {
+  const std::vector<std::string> order =
+      ElectionOrder(*job_, job_->start_round() + job_->num_rounds() - 1);
+  return order.empty() ? "" : order[0];
+}
+
+absl::Status SwarmController::CheckLearnTaskSender(
+    const v1::ModelHeader& header) const {
+  const uint32_t round = header.round();
+  if (round < job_->start_round() ||
+      round >= job_->start_round() + job_->num_rounds()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", round, " is outside the job's rounds ", job_->start_round(),
+        "..", job_->start_round() + job_->num_rounds() - 1));
+  }
+  const std::vector<std::string> order = ElectionOrder(*job_, round);
+  if (order.empty() || header.aggregator() != order[0]) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "learn task names ", header.aggregator(), " as aggregator of round ",
+        round, "; the election chose ", order.empty() ? "nobody" : order[0]));
+  }
+  std::string scatterer = job_->starting_site();
+  if (round > job_->start_round()) {
+    const std::vector<std::string> previous = ElectionOrder(*job_, round - 1);
+    scatterer = previous.empty() ? "" : previous[0];
+  }
+  if (header.sender() != scatterer) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "learn task of round ", round, " must come from ", scatterer,
+        round > job_->start_round() ? " (the aggregator of round "
+                                    : " (the starting site",
+        round > job_->start_round() ? absl::StrCat(round - 1, ")") : ")",
+        ", not from ", header.sender()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelAdmission> SwarmController::AdmitModel(
     const v1::ModelHeader& header) {
   absl::MutexLock lock(&mu_);
@@ -1329,6 +1390,7 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitModel(
             "site ", options_.site, " already has the learn task of round ",
             *last_task_round_));
       }
+      SWARM_RETURN_IF_ERROR(CheckLearnTaskSender(header));
       if (header.aggregator() != options_.site && !IsTrainer(options_.site)) {
         return absl::FailedPreconditionError(
             absl::StrCat("site ", options_.site,
@@ -1346,11 +1408,27 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitModel(
       }
       return AdmitResult(header);
     case v1::MODEL_KIND_BEST:
-    case v1::MODEL_KIND_LAST:
+    case v1::MODEL_KIND_LAST: {
       if (!started_) {
         return absl::FailedPreconditionError("the job has not started here");
       }
+      // LAST comes from the last round's aggregator; BEST from the holder
+      // of the best model, or from that aggregator when it holds it.
+      const std::string last_aggregator = LastRoundAggregator();
+      const bool allowed =
+          header.sender() == last_aggregator ||
+          (header.kind() == v1::MODEL_KIND_BEST && header.best().present() &&
+           header.sender() == header.best().site());
+      if (!allowed) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            v1::ModelKind_Name(header.kind()), " from ", header.sender(),
+            " refused: final models come from the last round's aggregator ",
+            last_aggregator,
+            header.kind() == v1::MODEL_KIND_BEST ? " or the best model's holder"
+                                                 : ""));
+      }
       return admission;
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("a stream of kind ", v1::ModelKind_Name(header.kind()),

@@ -121,6 +121,12 @@ class SwarmController {
   const v1::SiteInfo* Site(absl::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The aggregator of the job's last round (who distributes LAST).
+  std::string LastRoundAggregator() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A learn task must name the elected aggregator of its round and come from
+  // the previous round's aggregator (the starting site for the first round).
+  absl::Status CheckLearnTaskSender(const v1::ModelHeader& header) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(v1::SiteState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReportError(absl::string_view what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

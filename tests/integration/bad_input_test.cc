@@ -363,6 +363,10 @@ class FakeAggregatorTest : public ::testing::Test {
     job_.add_trainers("site-a");
     job_.add_aggregator_candidates("fake-aggr");
     job_.set_chunk_size(kChunkSize);
+    // The fake aggregator scatters every round: it starts the job and is
+    // the only candidate (sites check who may send a learn task).
+    job_.set_starting_site("fake-aggr");
+    job_.set_num_rounds(10);
     v1::Reply reply = Configure(*swarm_, "site-a", job_);
     ASSERT_EQ(reply.outcome(), v1::OUTCOME_OK) << reply.message();
   }
