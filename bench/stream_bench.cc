@@ -32,6 +32,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "security/certificates.h"
+#include "security/tls.h"
 #include "streaming/grpc_stream.h"
 
 namespace swarm {
@@ -45,6 +47,8 @@ struct Options {
   bool disk = true;
   std::string dir = "/tmp";
   v1::DigestAlgorithm digest = v1::DIGEST_XXH3_128;
+  // mTLS between client and server (certificates made in memory).
+  bool tls = false;
 };
 
 absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
@@ -118,10 +122,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       } else {
         return absl::InvalidArgumentError("--digest is xxh3 or sha256");
       }
+    } else if (arg == "--tls") {
+      options.tls = true;
     } else if (arg == "--help" || arg == "-h") {
       std::printf(
           "stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] "
-          "[--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]\n");
+          "[--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256] "
+          "[--tls]\n");
       std::exit(0);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
@@ -272,19 +279,44 @@ absl::StatusOr<double> StreamMBps(grpc::Channel* channel,
 int Run(const Options& options) {
   TuneMallocForModelStreams();
   std::printf(
-      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, "
+      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, %s, "
       "median of %d\n",
       options.size / 1048576.0, options.chunk / 1024.0,
       options.digest == v1::DIGEST_SHA256 ? "sha256" : "xxh3-128",
-      options.repeat);
+      options.tls ? "mTLS" : "plaintext", options.repeat);
   std::fflush(stdout);
   std::shared_ptr<const Model> model = MakeModel(options.size);
 
+  std::shared_ptr<grpc::ServerCredentials> server_credentials =
+      grpc::InsecureServerCredentials();
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials =
+      grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    // Certificates made in memory, as swarmctl provision would.
+    absl::StatusOr<security::KeyAndCert> ca = security::CreateCa("bench CA");
+    security::CertRequest request;
+    request.role = security::kSiteRole;
+    request.ip_addresses = {"127.0.0.1"};
+    request.common_name = "bench-server";
+    absl::StatusOr<security::KeyAndCert> server =
+        ca.ok() ? security::IssueCertificate(*ca, request) : ca.status();
+    request.common_name = "bench-client";
+    absl::StatusOr<security::KeyAndCert> client =
+        ca.ok() ? security::IssueCertificate(*ca, request) : ca.status();
+    if (!server.ok() || !client.ok()) {
+      std::fprintf(stderr, "cannot make certificates\n");
+      return 1;
+    }
+    server_credentials = security::ServerCredentials(
+        {server->key_pem, server->cert_pem, ca->cert_pem, "bench-server", ""});
+    channel_credentials = security::ClientCredentials(
+        {client->key_pem, client->cert_pem, ca->cert_pem, "bench-client", ""});
+  }
   BenchPeer peer;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort("127.0.0.1:0", server_credentials, &port);
+
   ApplyModelStreamArgs(&builder, AssemblerLimits());
   builder.RegisterService(&peer);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -294,9 +326,8 @@ int Run(const Options& options) {
   }
   grpc::ChannelArguments args;
   ApplyModelStreamArgs(&args, AssemblerLimits());
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
-                                grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), channel_credentials, args);
 
   // Each measurement runs once cold (reported, not counted: the first touch
   // of fresh memory, connection set-up), then --repeat times; the runs of

@@ -24,6 +24,8 @@ constexpr int kFrameOverhead = 4096;
 
 // Initial HTTP/2 stream window; see ApplyModelStreamArgs.
 constexpr int kStreamWindowBytes = 32 << 20;
+// TLS record frames (gRPC's default is 16 KiB).
+constexpr int kTlsFrameBytes = 1 << 20;
 
 uint8_t* PutVarint(uint64_t value, uint8_t* out) {
   while (value >= 0x80) {
@@ -122,6 +124,8 @@ void ApplyModelStreamArgs(grpc::ChannelArguments* args,
   // a new stream runs at full speed at once instead of waiting for the
   // bandwidth-delay estimate to grow it.
   args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+  // With TLS: larger protected frames, fewer records per chunk.
+  args->SetInt(GRPC_ARG_TSI_MAX_FRAME_SIZE, kTlsFrameBytes);
 }
 
 void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
@@ -131,6 +135,7 @@ void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                               kStreamWindowBytes);
+  builder->AddChannelArgument(GRPC_ARG_TSI_MAX_FRAME_SIZE, kTlsFrameBytes);
 }
 
 void TuneMallocForModelStreams() {
