@@ -86,12 +86,13 @@ namespace swarm {
 // 2x (F64) or 1.5x (compensated) the F32 tensors, so with a result in
 // flight F64 alone reaches 3x the model. Measured by bench/aggregate_bench
 // on the shared 2-core development VM (AVX-512; n = 8 results of 256 MiB;
-// noisy): F64 0.35-0.45x single-threaded memcpy, compensated 0.6-0.75x;
-// peak RSS 4.0x vs 2.5x the model (including one freed result kept by
-// HeapStorage's recycling pool). An 8-bit quantized compensation (14 bytes
-// per element) measured slower still: the quantum arithmetic made the loop
-// compute-bound. Both kinds are far more accurate than needed to round the
-// mean to F32.
+// noisy): compensated 0.67-0.78x single-threaded memcpy when the machine is
+// otherwise idle, F64 0.5-0.55x; peak RSS 2.5x vs 4.0x the model (both
+// including one freed result kept by HeapStorage's recycling pool). An
+// 8-bit quantized compensation (14 bytes, 1.25x memory) was tried: 6%
+// faster on an idle machine, 30% slower with the cores shared (its quantum
+// arithmetic costs instructions), and half as precise; not worth it. All
+// are far more accurate than needed to round the mean to F32.
 enum class F32Accumulator {
   // Per element an F32 head plus a BF16 compensation term (6 bytes), updated
   // with error-free transformations: the product error from an FMA (or an

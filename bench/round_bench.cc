@@ -1,0 +1,589 @@
+// round_bench: time per round of whole jobs across real processes (issue 4,
+// item 7). For 2, 4, 8 and 16 sites it starts one swarm-client daemon per
+// site on loopback (listen port 0; each prints "listening on HOST:PORT"),
+// writes their site configs and the job config into a temporary folder,
+// configures every site and starts the job over gRPC, waits until every site
+// is done, stops the daemons, and reads the per-round times from their logs.
+//
+//   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
+//               [--max-concurrent N] [--insecure] [--keep]
+//
+// --client defaults to ../cli/swarm-client next to this binary (the build
+// tree's layout). The job: the test learner with a 1 KiB model (256 F32) and
+// no training time, every site a trainer and a candidate, default settings
+// otherwise (max_concurrent_submissions 1). Like a real deployment the sites
+// talk mTLS: the bench provisions a CA, a certificate per site and an admin
+// certificate for itself (its Configure/Start/Status calls); --insecure runs
+// plaintext instead.
+//
+// A round's time is measured from one scatter to the next: the aggregator of
+// round r-1 logs "round r: scattering ..." when round r starts, and the
+// last aggregator logs "job ...: finishing" when the last round is over. So
+// it covers the whole cycle: learn tasks out, validation and training,
+// permission, upload, aggregation, persisting the global model, election.
+// Log lines carry millisecond timestamps from the one system clock all the
+// daemons share. Prints, per size, the median (and min, p90, max) ms per
+// round, the whole job's wall time, the CPU time all daemons used per round
+// (user + system, from /proc; a figure other work on the machine barely
+// skews, unlike the wall times: the load average is printed too), and as
+// its last line
+//   round_ms_16=<median at 16 sites>
+// (the target is <= 30 ms at 16 sites).
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/swarm.grpc.pb.h"
+#include "proto/swarm.pb.h"
+#include "security/provision.h"
+#include "security/tls.h"
+
+extern char** environ;
+
+namespace swarm {
+namespace {
+
+constexpr char kJobId[] = "round-bench";
+constexpr char kAdmin[] = "round-bench";
+
+struct Options {
+  std::string client;
+  std::vector<int> sizes = {2, 4, 8, 16};
+  int rounds = 20;
+  bool keep = false;
+  int max_concurrent = 0;  // 0: the job default.
+  // Plaintext instead of the default mTLS.
+  bool insecure = false;
+};
+
+struct Daemon {
+  std::string name;
+  pid_t pid = -1;
+  int stdout_fd = -1;
+  std::string address;
+  std::string log_path;
+};
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  auto status =
+      google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(std::string(status.message()));
+  }
+  return json;
+}
+
+// Starts `client --config config` with stdout on a pipe and stderr in
+// `log_path`; waits for its "listening on HOST:PORT" line.
+absl::Status Launch(const std::string& client, const std::string& config,
+                    bool insecure, Daemon* daemon) {
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  posix_spawn_file_actions_addclose(&actions, out[1]);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO,
+                                   daemon->log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> args = {client, "--config", config};
+  if (insecure) args.push_back("--insecure");
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const int spawned = posix_spawn(&daemon->pid, client.c_str(), &actions,
+                                  nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  if (spawned != 0) {
+    close(out[0]);
+    daemon->pid = -1;
+    return absl::InternalError(
+        absl::StrCat("cannot start ", client, ": ", std::strerror(spawned)));
+  }
+  daemon->stdout_fd = out[0];
+  std::string seen;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (true) {
+    const size_t newline = seen.find('\n');
+    if (newline != std::string::npos) {
+      const std::string line = seen.substr(0, newline);
+      seen.erase(0, newline + 1);
+      absl::string_view view = line;
+      if (absl::ConsumePrefix(&view, "listening on ")) {
+        daemon->address = std::string(view);
+        return absl::OkStatus();
+      }
+      continue;
+    }
+    const int left =
+        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0) break;
+    pollfd fd{daemon->stdout_fd, POLLIN, 0};
+    if (poll(&fd, 1, left) <= 0) continue;
+    char buffer[512];
+    const ssize_t n = read(daemon->stdout_fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    seen.append(buffer, static_cast<size_t>(n));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(daemon->name, " did not report its address (see ",
+                   daemon->log_path, ")"));
+}
+
+void Stop(std::vector<Daemon>& daemons) {
+  for (Daemon& daemon : daemons) {
+    if (daemon.pid > 0) kill(daemon.pid, SIGTERM);
+  }
+  for (Daemon& daemon : daemons) {
+    if (daemon.pid > 0) {
+      int status = 0;
+      waitpid(daemon.pid, &status, 0);
+      daemon.pid = -1;
+    }
+    if (daemon.stdout_fd >= 0) {
+      close(daemon.stdout_fd);
+      daemon.stdout_fd = -1;
+    }
+  }
+}
+
+// CPU time (user + system) used so far by process `pid` and its threads.
+double CpuMillis(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command name (which is in parentheses): state is
+  // field 3, utime 14, stime 15.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields =
+      absl::StrSplit(text.substr(close + 2), ' ', absl::SkipEmpty());
+  if (fields.size() < 13) return 0;
+  double utime = 0;
+  double stime = 0;
+  if (!absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double TotalCpuMillis(const std::vector<Daemon>& daemons) {
+  double total = 0;
+  for (const Daemon& daemon : daemons) {
+    if (daemon.pid > 0) total += CpuMillis(daemon.pid);
+  }
+  return total;
+}
+
+// The 1-minute load average (other work on the machine skews the figures).
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string first;
+  in >> first;
+  return first;
+}
+
+// The time at the start of a log line ("2026-11-30T06:13:50.123Z ...").
+std::optional<absl::Time> LineTime(absl::string_view line) {
+  const size_t space = line.find(' ');
+  if (space == absl::string_view::npos) return std::nullopt;
+  absl::Time time;
+  std::string error;
+  if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ",
+                       std::string(line.substr(0, space)), absl::UTCTimeZone(),
+                       &time, &error)) {
+    return std::nullopt;
+  }
+  return time;
+}
+
+struct SizeResult {
+  int sites = 0;
+  std::vector<double> round_ms;
+  double job_ms = 0;
+  // CPU time all daemons used from the start of the job to its end.
+  double cpu_ms = 0;
+};
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t index = std::min(
+      values.size() - 1, static_cast<size_t>(q * (values.size() - 1) + 0.5));
+  return values[index];
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Per-round times from the daemons' logs: scatter of round r to scatter of
+// round r + 1, and the last scatter to "finishing".
+absl::StatusOr<std::vector<double>> RoundTimes(
+    const std::vector<Daemon>& daemons, int rounds) {
+  std::map<int, absl::Time> scatter;
+  std::optional<absl::Time> finishing;
+  for (const Daemon& daemon : daemons) {
+    std::ifstream in(daemon.log_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t bar = line.find("| ");
+      if (bar == std::string::npos) continue;
+      absl::string_view message = absl::string_view(line).substr(bar + 2);
+      std::optional<absl::Time> time = LineTime(line);
+      if (!time.has_value()) continue;
+      if (absl::ConsumePrefix(&message, "round ") &&
+          absl::StrContains(message, ": scattering")) {
+        int round = 0;
+        if (absl::SimpleAtoi(message.substr(0, message.find(':')), &round)) {
+          scatter[round] = *time;
+        }
+      } else if (absl::StartsWith(
+                     message, absl::StrCat("job ", kJobId, ": finishing"))) {
+        finishing = *time;
+      }
+    }
+  }
+  if (static_cast<int>(scatter.size()) != rounds || !finishing.has_value()) {
+    return absl::InternalError(absl::StrFormat(
+        "found %d scatter lines and %s finishing line in the logs, expected "
+        "%d and one",
+        static_cast<int>(scatter.size()), finishing ? "a" : "no", rounds));
+  }
+  std::vector<double> times;
+  for (int round = 0; round < rounds; ++round) {
+    const absl::Time end =
+        round + 1 < rounds ? scatter.at(round + 1) : *finishing;
+    times.push_back(absl::ToDoubleMilliseconds(end - scatter.at(round)));
+  }
+  return times;
+}
+
+absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
+  char pattern[] = "/tmp/round_bench.XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    return absl::InternalError("mkdtemp failed");
+  }
+  const std::string dir = pattern;
+  std::vector<Daemon> daemons(sites);
+  absl::Status status = absl::OkStatus();
+  // mTLS (the default): a CA, a certificate per site and one for this
+  // bench as the admin. Certificates name the host (127.0.0.1), not the
+  // port, so they can be issued before the daemons pick their ports.
+  const std::string pki = absl::StrCat(dir, "/pki");
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!options.insecure) {
+    v1::JobConfig provisional;
+    provisional.set_job_id(kJobId);
+    provisional.set_num_rounds(1);
+    for (int i = 0; i < sites; ++i) {
+      v1::SiteInfo* info = provisional.add_sites();
+      info->set_name(absl::StrFormat("site-%02d", i));
+      info->set_address(absl::StrCat("127.0.0.1:", i + 1));
+    }
+    security::ProvisionOptions provision;
+    provision.admins = {kAdmin};
+    absl::StatusOr<security::ProvisionReport> report =
+        security::Provision(provisional, pki, provision);
+    absl::StatusOr<security::TlsIdentity> admin =
+        report.ok()
+            ? security::LoadTlsIdentity(absl::StrCat(pki, "/admins/", kAdmin))
+            : absl::StatusOr<security::TlsIdentity>(report.status());
+    if (admin.ok()) {
+      credentials = security::ClientCredentials(*admin);
+    } else {
+      status = admin.status();
+    }
+  }
+  for (int i = 0; i < sites && status.ok(); ++i) {
+    Daemon& daemon = daemons[i];
+    daemon.name = absl::StrFormat("site-%02d", i);
+    daemon.log_path = absl::StrCat(dir, "/", daemon.name, ".log");
+    v1::SiteConfig site;
+    site.set_name(daemon.name);
+    site.set_listen_address("127.0.0.1:0");
+    site.set_workspace(absl::StrCat(dir, "/", daemon.name));
+    site.mutable_learner()->set_kind("test");
+    (*site.mutable_learner()->mutable_params())["size"] = "256";
+    if (!options.insecure) {
+      site.set_tls_dir(absl::StrCat(pki, "/sites/", daemon.name));
+    }
+    absl::StatusOr<std::string> json = ToJson(site);
+    if (!json.ok()) {
+      status = json.status();
+      break;
+    }
+    const std::string path = absl::StrCat(dir, "/", daemon.name, ".json");
+    status = WriteFile(path, *json);
+    if (status.ok()) {
+      status = Launch(options.client, path, options.insecure, &daemon);
+    }
+  }
+  SizeResult result;
+  result.sites = sites;
+  if (status.ok()) {
+    v1::JobConfig job;
+    job.set_job_id(kJobId);
+    for (const Daemon& daemon : daemons) {
+      v1::SiteInfo* info = job.add_sites();
+      info->set_name(daemon.name);
+      info->set_address(daemon.address);
+    }
+    job.set_num_rounds(options.rounds);
+    job.set_seed(7);
+    if (options.max_concurrent > 0) {
+      job.set_max_concurrent_submissions(options.max_concurrent);
+    }
+    absl::StatusOr<std::string> json = ToJson(job);
+    if (json.ok()) {
+      status = WriteFile(absl::StrCat(dir, "/job.json"), *json);
+    } else {
+      status = json.status();
+    }
+    std::vector<std::unique_ptr<v1::Peer::Stub>> stubs;
+    for (const Daemon& daemon : daemons) {
+      stubs.push_back(
+          v1::Peer::NewStub(grpc::CreateChannel(daemon.address, credentials)));
+    }
+    for (int i = 0; i < sites && status.ok(); ++i) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::ConfigureRequest request;
+      request.set_sender("round_bench");
+      *request.mutable_job() = job;
+      v1::Reply reply;
+      grpc::Status rpc = stubs[i]->Configure(&context, request, &reply);
+      if (!rpc.ok() || reply.outcome() != v1::OUTCOME_OK) {
+        status = absl::InternalError(absl::StrCat("configure ", daemons[i].name,
+                                                  ": ", rpc.error_message(),
+                                                  reply.message()));
+      }
+    }
+    const double cpu_before = TotalCpuMillis(daemons);
+    const absl::Time start = absl::Now();
+    if (status.ok()) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::StartRequest request;
+      request.set_sender("round_bench");
+      request.set_job_id(kJobId);
+      v1::Reply reply;
+      grpc::Status rpc = stubs[0]->Start(&context, request, &reply);
+      if (!rpc.ok() || reply.outcome() != v1::OUTCOME_OK) {
+        status = absl::InternalError(
+            absl::StrCat("start: ", rpc.error_message(), reply.message()));
+      }
+    }
+    // Wait until every site is done.
+    const absl::Time deadline =
+        absl::Now() + absl::Seconds(30) + absl::Seconds(options.rounds * 5);
+    for (int i = 0; i < sites && status.ok(); ++i) {
+      uint64_t version = 0;
+      while (true) {
+        grpc::ClientContext context;
+        context.set_deadline(
+            absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+        v1::StatusRequest request;
+        request.set_job_id(kJobId);
+        request.set_sender("round_bench");
+        request.set_wait_for_change_ms(version == 0 ? 0 : 5000);
+        request.set_known_version(version);
+        v1::StatusReply reply;
+        grpc::Status rpc = stubs[i]->Status(&context, request, &reply);
+        if (!rpc.ok()) {
+          status = absl::InternalError(absl::StrCat(
+              "status of ", daemons[i].name, ": ", rpc.error_message()));
+          break;
+        }
+        version = reply.version();
+        const v1::SiteState state = reply.status().state();
+        if (state == v1::SITE_STATE_DONE) break;
+        if (state == v1::SITE_STATE_FAILED || state == v1::SITE_STATE_ABORTED) {
+          status = absl::InternalError(absl::StrCat(
+              daemons[i].name, " ended ", v1::SiteState_Name(state), ": ",
+              reply.status().last_error()));
+          break;
+        }
+        if (absl::Now() > deadline) {
+          status = absl::DeadlineExceededError(
+              absl::StrCat(daemons[i].name, " did not finish; state ",
+                           v1::SiteState_Name(state)));
+          break;
+        }
+      }
+    }
+    result.job_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    result.cpu_ms = TotalCpuMillis(daemons) - cpu_before;
+  }
+  Stop(daemons);
+  if (status.ok()) {
+    absl::StatusOr<std::vector<double>> times =
+        RoundTimes(daemons, options.rounds);
+    if (times.ok()) {
+      result.round_ms = std::move(*times);
+    } else {
+      status = times.status();
+    }
+  }
+  if (!status.ok() || options.keep) {
+    std::fprintf(stderr, "round_bench: %d sites: files kept in %s\n", sites,
+                 dir.c_str());
+  } else {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  if (!status.ok()) return status;
+  return result;
+}
+
+std::string DefaultClient(const char* argv0) {
+  std::error_code error;
+  std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) self = std::filesystem::absolute(argv0, error);
+  return (self.parent_path() / ".." / "cli" / "swarm-client")
+      .lexically_normal()
+      .string();
+}
+
+int Run(int argc, char** argv) {
+  Options options;
+  options.client = DefaultClient(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "round_bench: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--client") {
+      options.client = value();
+    } else if (arg == "--sites") {
+      options.sizes.clear();
+      for (absl::string_view part : absl::StrSplit(value(), ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(part, &n) || n < 1) {
+          std::fprintf(stderr, "round_bench: bad --sites\n");
+          return 2;
+        }
+        options.sizes.push_back(n);
+      }
+    } else if (arg == "--rounds") {
+      if (!absl::SimpleAtoi(value(), &options.rounds) || options.rounds < 1) {
+        std::fprintf(stderr, "round_bench: bad --rounds\n");
+        return 2;
+      }
+    } else if (arg == "--max-concurrent") {
+      if (!absl::SimpleAtoi(value(), &options.max_concurrent)) {
+        std::fprintf(stderr, "round_bench: bad --max-concurrent\n");
+        return 2;
+      }
+    } else if (arg == "--keep") {
+      options.keep = true;
+    } else if (arg == "--insecure") {
+      options.insecure = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: round_bench [--client PATH] [--sites 2,4,8,16] "
+                   "[--rounds 20] [--max-concurrent N] [--insecure] "
+                   "[--keep]\n");
+      return 2;
+    }
+  }
+  if (access(options.client.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "round_bench: no swarm-client at %s (use --client)\n",
+                 options.client.c_str());
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  std::printf(
+      "round_bench: swarm-client %s, 1 KiB model, test learner, %d "
+      "rounds per job, %s\n",
+      options.client.c_str(), options.rounds,
+      options.insecure ? "plaintext (--insecure)" : "mTLS");
+  std::fflush(stdout);
+  std::map<int, double> medians;
+  for (int sites : options.sizes) {
+    absl::StatusOr<SizeResult> result = RunSize(options, sites);
+    if (!result.ok()) {
+      std::fprintf(stderr, "round_bench: %d sites: %s\n", sites,
+                   std::string(result.status().message()).c_str());
+      return 1;
+    }
+    const double median = Median(result->round_ms);
+    medians[sites] = median;
+    std::printf(
+        "sites=%d rounds=%d round_ms median=%.1f min=%.1f p90=%.1f max=%.1f "
+        "job_ms=%.0f cpu_ms_per_round=%.1f loadavg=%s\n",
+        sites, options.rounds, median,
+        *std::min_element(result->round_ms.begin(), result->round_ms.end()),
+        Percentile(result->round_ms, 0.9),
+        *std::max_element(result->round_ms.begin(), result->round_ms.end()),
+        result->job_ms, result->cpu_ms / options.rounds, LoadAverage().c_str());
+    std::fflush(stdout);
+  }
+  const int last = options.sizes.back();
+  if (medians.count(16) > 0) {
+    std::printf("round_ms_16=%.1f\n", medians[16]);
+  } else {
+    std::printf("round_ms_%d=%.1f\n", last, medians[last]);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace swarm
+
+int main(int argc, char** argv) { return swarm::Run(argc, argv); }
