@@ -7,6 +7,7 @@
 #   deploy/local/demo.sh [--sites 4] [--rounds 20] [--alpha 0.5] [--epochs 1]
 #                        [--lr 0.05] [--base-port 17400] [--workspace DIR]
 #                        [--no-baselines] [--insecure] [--quick]
+#                        [--bin-dir BUILD_DIR]
 #
 # On a fresh Debian 12 machine it installs what is missing (apt-get),
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
@@ -26,6 +27,7 @@ WORKSPACE="$ROOT/build/demo"
 BASELINES=1
 INSECURE=0
 MAX_TRAIN=0
+BIN_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sites) SITES=$2; shift 2 ;;
@@ -36,9 +38,10 @@ while [ $# -gt 0 ]; do
     --base-port) BASE_PORT=$2; shift 2 ;;
     --workspace) WORKSPACE=$2; shift 2 ;;
     --no-baselines) BASELINES=0; shift ;;
+    --bin-dir) BIN_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
     --quick) SITES=3; ROUNDS=3; MAX_TRAIN=12000; shift ;;
-    -h|--help) sed -n 2,17p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n 2,18p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,13 +51,18 @@ if [ "$SITES" -lt 1 ] || [ "$ROUNDS" -lt 1 ]; then
   echo "demo.sh: --sites and --rounds must be at least 1" >&2; exit 2
 fi
 
-# 1. Install what is missing and build.
-source "$ROOT/tests/install_deps.sh"
-swarm_install_packages "${SWARM_PACKAGES[@]}"
-BUILD="$ROOT/build/release"
-echo "=== building (build/release)"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target swarm-client swarmctl swarm-mlp
+# 1. Install what is missing and build (--bin-dir: use a build tree as it is,
+# as the tests do).
+if [ -n "$BIN_DIR" ]; then
+  BUILD="$BIN_DIR"
+else
+  source "$ROOT/tests/install_deps.sh"
+  swarm_install_packages "${SWARM_PACKAGES[@]}"
+  BUILD="$ROOT/build/release"
+  echo "=== building (build/release)"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD" -j "$(nproc)" --target swarm-client swarmctl swarm-mlp
+fi
 CLIENT="$BUILD/cli/swarm-client"
 CTL="$BUILD/cli/swarmctl"
 MLP="$BUILD/learner/swarm-mlp"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The demo in --quick mode (3 sites, 3 rounds, small shards, mTLS) as a test:
+# the swarm's best model must beat the mean local-only model, and
+# best.safetensors must reload and reproduce the reported accuracy.
+#   demo_quick_test.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+SOURCE=$1
+BUILD=$2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/swarm-demo-test-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+PORT=$((20000 + $$ % 20000))
+OUT="$WORK/demo.out"
+if ! bash "$SOURCE/deploy/local/demo.sh" --quick --bin-dir "$BUILD" \
+      --workspace "$WORK/demo" --base-port "$PORT" >"$OUT" 2>&1; then
+  echo "demo.sh --quick failed:"; tail -40 "$OUT"; exit 1
+fi
+best=$(sed -n 's/^swarm best model *\([0-9.]*\)$/\1/p' "$OUT")
+mean=$(sed -n 's/^mean of sites alone *\([0-9.]*\)$/\1/p' "$OUT")
+echo "swarm best $best, mean local-only $mean"
+if [ -z "$best" ] || [ -z "$mean" ]; then
+  echo "the demo printed no table:"; tail -40 "$OUT"; exit 1
+fi
+if ! awk -v b="$best" -v m="$mean" 'BEGIN { exit !(b > m) }'; then
+  echo "FAIL: the swarm's best model ($best) does not beat the mean local-only model ($mean)"
+  exit 1
+fi
+again=$("$BUILD/learner/swarm-mlp" evaluate --model "$WORK/demo/best.safetensors" |
+        sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+if [ "$again" != "$best" ]; then
+  echo "FAIL: best.safetensors reloads at $again, the demo reported $best"
+  exit 1
+fi
+echo "best.safetensors reloads at $again: ok"
