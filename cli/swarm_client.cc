@@ -123,8 +123,8 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<std::unique_ptr<Learner>> learner =
-      CreateLearner(config->learner(), config->name(), {});
+  absl::StatusOr<std::unique_ptr<SiteLearner>> learner =
+      SiteLearner::Create(config->learner(), config->name());
   if (!learner.ok()) {
     SWARM_LOG_ERROR("learner: %s", learner.status().message());
     return 2;

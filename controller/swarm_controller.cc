@@ -247,6 +247,24 @@ v1::Reply SwarmController::Configure(const v1::ConfigureRequest& request) {
                      absl::StrCat("site ", options_.site,
                                   " is not a site of job ", job.job_id()));
   }
+  {
+    // A running job keeps its learner: refuse before touching it.
+    absl::MutexLock lock(&mu_);
+    if (job_.has_value() && started_ && !Terminal(state_) &&
+        job_->SerializeAsString() != job.SerializeAsString()) {
+      return MakeReply(v1::OUTCOME_REJECTED,
+                       absl::StrCat("site ", options_.site, " is running job ",
+                                    job_->job_id()));
+    }
+  }
+  // The job's learner_params override the site's; a bad one refuses the job.
+  absl::Status learner =
+      learner_->ConfigureForJob(std::map<std::string, std::string>(
+          job.learner_params().begin(), job.learner_params().end()));
+  if (!learner.ok()) {
+    return MakeReply(v1::OUTCOME_BAD_REQUEST,
+                     absl::StrCat("learner_params: ", learner.message()));
+  }
   absl::MutexLock lock(&mu_);
   if (job_.has_value() && started_ && !Terminal(state_)) {
     if (job_->job_id() == job.job_id() &&

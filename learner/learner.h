@@ -2,8 +2,9 @@
 // global model (design section 2: training comes through a small interface).
 //
 // Implementations: TestLearner (test_learner.h, deterministic, for tests and
-// benchmarks); the built-in Fashion-MNIST MLP comes later. Create one with
-// CreateLearner (learner_factory.h).
+// benchmarks) and MlpLearner (mlp_learner.h, the built-in Fashion-MNIST MLP).
+// Create one with CreateLearner, or a SiteLearner that follows each job's
+// learner_params (learner_factory.h).
 #ifndef SWARM_LEARNER_LEARNER_H_
 #define SWARM_LEARNER_LEARNER_H_
 
@@ -47,6 +48,13 @@ class Learner {
   // Trains from `global`. Returns Cancelled promptly once `cancel` is true.
   virtual absl::StatusOr<TrainOutput> Train(
       const Model& global, uint32_t round, const std::atomic<bool>& cancel) = 0;
+  // A job is being configured: its learner_params override the site's. An
+  // error refuses the job (the message names the parameter). Default: the
+  // learner has nothing to change.
+  virtual absl::Status ConfigureForJob(
+      const std::map<std::string, std::string>& job_params) {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace swarm

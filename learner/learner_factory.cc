@@ -67,4 +67,53 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
                       config.kind()));
 }
 
+absl::StatusOr<std::unique_ptr<SiteLearner>> SiteLearner::Create(
+    v1::LearnerConfig config, std::string site_name) {
+  absl::StatusOr<std::unique_ptr<Learner>> learner =
+      CreateLearner(config, site_name, {});
+  if (!learner.ok()) return learner.status();
+  return std::unique_ptr<SiteLearner>(new SiteLearner(
+      std::move(config), std::move(site_name), std::move(*learner)));
+}
+
+SiteLearner::SiteLearner(v1::LearnerConfig config, std::string site_name,
+                         std::shared_ptr<Learner> learner)
+    : config_(std::move(config)),
+      site_name_(std::move(site_name)),
+      learner_(std::move(learner)) {}
+
+std::shared_ptr<Learner> SiteLearner::Current() {
+  absl::MutexLock lock(&mu_);
+  return learner_;
+}
+
+absl::StatusOr<Model> SiteLearner::InitialModel() {
+  return Current()->InitialModel();
+}
+
+absl::StatusOr<Metrics> SiteLearner::Validate(const Model& global,
+                                              uint32_t round) {
+  return Current()->Validate(global, round);
+}
+
+absl::StatusOr<TrainOutput> SiteLearner::Train(
+    const Model& global, uint32_t round, const std::atomic<bool>& cancel) {
+  return Current()->Train(global, round, cancel);
+}
+
+absl::Status SiteLearner::ConfigureForJob(
+    const std::map<std::string, std::string>& job_params) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_params == job_params_) return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Learner>> learner =
+      CreateLearner(config_, site_name_, job_params);
+  if (!learner.ok()) return learner.status();
+  absl::MutexLock lock(&mu_);
+  learner_ = std::move(*learner);
+  job_params_ = job_params;
+  return absl::OkStatus();
+}
+
 }  // namespace swarm

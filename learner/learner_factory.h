@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/map.h"
 #include "learner/learner.h"
 #include "proto/swarm.pb.h"
@@ -33,6 +34,37 @@ std::map<std::string, std::string> MergeLearnerParams(
 // DataLoss (corrupted dataset file; names it). Parameters a kind does not
 // read are logged as a warning, not refused (a job's params may be meant for
 // another kind).
+// The daemon's learner: made from the site's LearnerConfig at start-up (so
+// a missing dataset shows at once), and made again with a job's
+// learner_params merged over the site's when that job is configured.
+// Thread-safe: a call in progress keeps using the learner it started with.
+class SiteLearner final : public Learner {
+ public:
+  static absl::StatusOr<std::unique_ptr<SiteLearner>> Create(
+      v1::LearnerConfig config, std::string site_name);
+  SiteLearner(const SiteLearner&) = delete;
+  SiteLearner& operator=(const SiteLearner&) = delete;
+
+  absl::StatusOr<Model> InitialModel() override;
+  absl::StatusOr<Metrics> Validate(const Model& global,
+                                   uint32_t round) override;
+  absl::StatusOr<TrainOutput> Train(const Model& global, uint32_t round,
+                                    const std::atomic<bool>& cancel) override;
+  absl::Status ConfigureForJob(
+      const std::map<std::string, std::string>& job_params) override;
+
+ private:
+  SiteLearner(v1::LearnerConfig config, std::string site_name,
+              std::shared_ptr<Learner> learner);
+  std::shared_ptr<Learner> Current();
+
+  const v1::LearnerConfig config_;
+  const std::string site_name_;
+  absl::Mutex mu_;
+  std::shared_ptr<Learner> learner_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> job_params_ ABSL_GUARDED_BY(mu_);
+};
+
 absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
     const v1::LearnerConfig& config, absl::string_view site_name,
     const std::map<std::string, std::string>& job_params);
