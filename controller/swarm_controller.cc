@@ -1,6 +1,7 @@
 #include "controller/swarm_controller.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <utility>
@@ -69,6 +70,46 @@ bool Terminal(v1::SiteState state) {
 
 std::string FormatMetric(const v1::BestRecord& best) {
   return best.present() ? absl::StrCat(best.metric()) : "none";
+}
+
+// `trained` -= `global`, tensor by tensor (F32 and F64 tensors only; the
+// model is left as it was if any tensor has another dtype or it is not
+// writable).
+absl::Status ToWeightDiff(const Model& global, Model* trained) {
+  if (!trained->SameLayout(global) || !trained->writable()) {
+    return absl::FailedPreconditionError(
+        "the result cannot be turned into a diff");
+  }
+  for (size_t i = 0; i < global.num_tensors(); ++i) {
+    const DType dtype = global.spec(i).dtype;
+    if (dtype != v1::DTYPE_F32 && dtype != v1::DTYPE_F64) {
+      return absl::UnimplementedError(
+          absl::StrCat("weight diffs of ", DTypeName(dtype), " tensors (\"",
+                       global.spec(i).name, "\")"));
+    }
+  }
+  for (size_t i = 0; i < global.num_tensors(); ++i) {
+    absl::string_view base = global.tensor_data(i);
+    absl::Span<char> out = trained->mutable_tensor_data(i);
+    if (global.spec(i).dtype == v1::DTYPE_F32) {
+      for (size_t k = 0; k < base.size(); k += 4) {
+        float a, b;
+        std::memcpy(&a, out.data() + k, 4);
+        std::memcpy(&b, base.data() + k, 4);
+        a -= b;
+        std::memcpy(out.data() + k, &a, 4);
+      }
+    } else {
+      for (size_t k = 0; k < base.size(); k += 8) {
+        double a, b;
+        std::memcpy(&a, out.data() + k, 8);
+        std::memcpy(&b, base.data() + k, 8);
+        a -= b;
+        std::memcpy(out.data() + k, &a, 8);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -651,6 +692,16 @@ void SwarmController::RunTraining(std::shared_ptr<TrainingTask> task) {
     header.set_failed(true);
     header.set_failure(std::string(output.status().message()));
   } else {
+    if (job_->send_weight_diff() &&
+        output->kind == v1::PAYLOAD_KIND_FULL_WEIGHTS) {
+      absl::Status diffed = ToWeightDiff(*task->global, &output->model);
+      if (diffed.ok()) {
+        output->kind = v1::PAYLOAD_KIND_WEIGHT_DIFF;
+      } else {
+        SWARM_LOG_INFO("round %d: sending full weights: %s", task->round,
+                       diffed.message());
+      }
+    }
     header.set_sample_count(output->sample_count);
     counters_.set_rounds_trained(counters_.rounds_trained() + 1);
     header.set_payload_kind(output->kind);
