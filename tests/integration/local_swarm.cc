@@ -134,7 +134,8 @@ LocalSwarm::~LocalSwarm() {
 
 absl::Status LocalSwarm::StartSite(
     const std::string& name,
-    const std::map<std::string, std::string>& learner_params) {
+    const std::map<std::string, std::string>& learner_params,
+    uint32_t max_calls_per_peer) {
   if (sites_.count(name) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("site ", name, " started"));
   }
@@ -147,6 +148,7 @@ absl::Status LocalSwarm::StartSite(
   config.set_listen_address("127.0.0.1:0");
   config.set_workspace(site.workspace);
   config.mutable_learner()->set_kind("test");
+  if (max_calls_per_peer > 0) config.set_max_calls_per_peer(max_calls_per_peer);
   Identity(name, security::kSiteRole);
   config.set_tls_dir(absl::StrCat(dir_, "/pki/", name));
   for (const auto& [key, value] : learner_params) {

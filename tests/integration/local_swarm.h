@@ -58,9 +58,11 @@ class LocalSwarm {
 
   // Writes the site config (test learner with `learner_params`), starts
   // swarm-client and waits for its "listening on HOST:PORT" line.
+  // `max_calls_per_peer` > 0 sets that site config field.
   absl::Status StartSite(
       const std::string& name,
-      const std::map<std::string, std::string>& learner_params);
+      const std::map<std::string, std::string>& learner_params,
+      uint32_t max_calls_per_peer = 0);
   SiteProcess& site(const std::string& name);
   // Names in start order.
   const std::vector<std::string>& site_names() const { return names_; }
@@ -93,6 +95,8 @@ class LocalSwarm {
   const security::TlsIdentity& Identity(const std::string& name,
                                         const std::string& role);
   const std::string& admin_tls_dir() const { return admin_tls_dir_; }
+  // This swarm's CA, e.g. to issue an odd certificate (expired, ...).
+  const security::KeyAndCert& ca() const { return ca_; }
   // Status RPC; `wait_ms` > 0 long-polls for a change from `known_version`.
   absl::StatusOr<v1::StatusReply> Status(const std::string& site,
                                          const std::string& job_id = "",
