@@ -79,9 +79,10 @@ class FakeNetwork::SiteTransport final : public PeerTransport {
   SiteTransport(FakeNetwork* network, std::string site)
       : network_(network), site_(std::move(site)) {}
 
-  absl::StatusOr<v1::Reply> SendLearnTask(
-      const v1::SiteInfo& to, const v1::ModelHeader& header,
-      std::shared_ptr<const Model> model) override {
+  absl::StatusOr<v1::Reply> SendLearnTask(const v1::SiteInfo& to,
+                                          const v1::ModelHeader& header,
+                                          std::shared_ptr<const Model> model,
+                                          absl::Duration) override {
     return network_->StreamCall(CallKind::kLearnTask, site_, to, header,
                                 std::move(model));
   }

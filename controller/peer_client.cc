@@ -67,10 +67,17 @@ absl::StatusOr<v1::Reply> GrpcPeerTransport::StreamModel(
   return reply;
 }
 
+void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
+  for (const v1::SiteInfo& site : job.sites()) {
+    // Starts connecting (and the TLS handshake) in the background.
+    channels_->Get(site.address())->GetState(/*try_to_connect=*/true);
+  }
+}
+
 absl::StatusOr<v1::Reply> GrpcPeerTransport::SendLearnTask(
     const v1::SiteInfo& to, const v1::ModelHeader& header,
-    std::shared_ptr<const Model> model) {
-  return StreamModel(to, "LearnTask", header, std::move(model), unary_timeout_);
+    std::shared_ptr<const Model> model, absl::Duration timeout) {
+  return StreamModel(to, "LearnTask", header, std::move(model), timeout);
 }
 
 absl::StatusOr<v1::SubmitPermissionReply> GrpcPeerTransport::RequestToSubmit(

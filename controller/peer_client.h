@@ -44,9 +44,11 @@ class GrpcPeerTransport final : public PeerTransport {
   GrpcPeerTransport(const GrpcPeerTransport&) = delete;
   GrpcPeerTransport& operator=(const GrpcPeerTransport&) = delete;
 
-  absl::StatusOr<v1::Reply> SendLearnTask(
-      const v1::SiteInfo& to, const v1::ModelHeader& header,
-      std::shared_ptr<const Model> model) override;
+  void PrepareForJob(const v1::JobConfig& job) override;
+  absl::StatusOr<v1::Reply> SendLearnTask(const v1::SiteInfo& to,
+                                          const v1::ModelHeader& header,
+                                          std::shared_ptr<const Model> model,
+                                          absl::Duration timeout) override;
   absl::StatusOr<v1::SubmitPermissionReply> RequestToSubmit(
       const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
       absl::Duration timeout) override;

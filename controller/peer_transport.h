@@ -20,10 +20,15 @@ class PeerTransport {
  public:
   virtual ~PeerTransport() = default;
 
+  // A job was configured: a transport may connect to its sites ahead of the
+  // first round (a TLS handshake then does not land inside a round).
+  virtual void PrepareForJob(const v1::JobConfig& job) {}
+
   // Streams a learn task; an OK reply with OUTCOME_OK is the acknowledgement.
+  // `timeout`: the job's learn_task_ack_timeout (a large model may extend it).
   virtual absl::StatusOr<v1::Reply> SendLearnTask(
       const v1::SiteInfo& to, const v1::ModelHeader& header,
-      std::shared_ptr<const Model> model) = 0;
+      std::shared_ptr<const Model> model, absl::Duration timeout) = 0;
   virtual absl::StatusOr<v1::SubmitPermissionReply> RequestToSubmit(
       const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
       absl::Duration timeout) = 0;

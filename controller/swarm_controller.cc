@@ -341,6 +341,7 @@ v1::Reply SwarmController::Configure(const v1::ConfigureRequest& request) {
   state_ = v1::SITE_STATE_CONFIGURED;
   Bump();
   PersistState();
+  transport_->PrepareForJob(*job_);
   SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->job_id(),
                  job_->sites_size(), job_->num_rounds());
   return MakeReply(v1::OUTCOME_OK, "configured");
@@ -540,9 +541,13 @@ void SwarmController::Scatter(uint32_t round,
         return;
       }
       const v1::SiteInfo* site = nullptr;
+      absl::Duration ack_timeout;
       {
         absl::MutexLock lock(&mu_);
         site = Site(target);
+        if (job_.has_value()) {
+          ack_timeout = Millis(job_->learn_task_ack_timeout_ms());
+        }
       }
       if (site == nullptr) {
         finished(absl::NotFoundError("not a site of the job"));
@@ -551,9 +556,9 @@ void SwarmController::Scatter(uint32_t round,
       const v1::SiteInfo to = *site;
       CallWithRetry(
           absl::StrCat("learn task to ", target),
-          [this, to, header, global] {
+          [this, to, header, global, ack_timeout] {
             return StatusFromReply(
-                transport_->SendLearnTask(to, header, global));
+                transport_->SendLearnTask(to, header, global, ack_timeout));
           },
           finished);
     });
@@ -566,6 +571,7 @@ void SwarmController::SendLearnTaskToAggregator(
     std::vector<std::string> expected) {
   v1::ModelHeader header;
   const v1::SiteInfo* site = nullptr;
+  absl::Duration ack_timeout;
   {
     absl::MutexLock lock(&mu_);
     if (!Active()) return;
@@ -587,15 +593,17 @@ void SwarmController::SendLearnTaskToAggregator(
                            "aggregator ", aggregator, " is not a site")));
       return;
     }
+    ack_timeout = Millis(job_->learn_task_ack_timeout_ms());
   }
   const v1::SiteInfo to = *site;
   // Whether an earlier attempt may have arrived (its reply was lost).
   auto maybe_delivered = std::make_shared<std::atomic<bool>>(false);
   CallWithRetry(
       absl::StrCat("learn task to aggregator ", aggregator),
-      [this, to, header, global, maybe_delivered, round, aggregator] {
-        absl::Status status =
-            StatusFromReply(transport_->SendLearnTask(to, header, global));
+      [this, to, header, global, maybe_delivered, round, aggregator,
+       ack_timeout] {
+        absl::Status status = StatusFromReply(
+            transport_->SendLearnTask(to, header, global, ack_timeout));
         if (Retryable(status)) {
           *maybe_delivered = true;
         } else if (status.code() == absl::StatusCode::kFailedPrecondition &&

@@ -400,7 +400,7 @@ class FakeAggregatorTest : public ::testing::Test {
     header.add_expected_trainers("site-a");
     return transport_->SendLearnTask(
         swarm_->Info("site-a"), header,
-        std::make_shared<const Model>(std::move(*model)));
+        std::make_shared<const Model>(std::move(*model)), absl::Seconds(30));
   }
 
   FakeAggregator fake_;
