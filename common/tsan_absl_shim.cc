@@ -1,0 +1,84 @@
+// ThreadSanitizer support for Debian's (uninstrumented) Abseil Mutex.
+#include "absl/synchronization/mutex.h"
+
+#if defined(__SANITIZE_THREAD__)
+// ThreadSanitizer and Debian's Abseil. libabsl_synchronization is built
+// without TSan: its Mutex parks threads on futexes, which TSan does not
+// model, so TSan sees no ordering between critical sections and reports
+// every access to guarded data (thousands of false races per test). The
+// Mutex calls a binary makes are therefore wrapped here with TSan's mutex
+// annotations and forwarded to the library (found with dlsym(RTLD_NEXT)):
+// (This file is compiled into swarm_common only in ThreadSanitizer builds,
+// so every binary that uses Abseil's Mutex gets it.)
+// Lock/Unlock/TryLock as such, and Await[WithDeadline] as an unlock before
+// the wait and a lock after it (the library releases the mutex while
+// waiting; conditions it evaluates meanwhile are inside the annotated
+// region, where TSan ignores accesses, as in an instrumented Abseil).
+#include <dlfcn.h>
+#include <sanitizer/tsan_interface.h>
+
+#include <cstdlib>
+
+namespace absl {
+namespace {
+
+template <typename Function>
+Function RealAbsl(const char* symbol) {
+  void* function = dlsym(RTLD_NEXT, symbol);
+  if (function == nullptr) std::abort();
+  return reinterpret_cast<Function>(function);
+}
+
+}  // namespace
+
+void Mutex::Lock() {
+  static const auto real =
+      RealAbsl<void (*)(Mutex*)>("_ZN4absl7debian35Mutex4LockEv");
+  __tsan_mutex_pre_lock(this, 0);
+  real(this);
+  __tsan_mutex_post_lock(this, 0, 0);
+}
+
+void Mutex::Unlock() {
+  static const auto real =
+      RealAbsl<void (*)(Mutex*)>("_ZN4absl7debian35Mutex6UnlockEv");
+  __tsan_mutex_pre_unlock(this, 0);
+  real(this);
+  __tsan_mutex_post_unlock(this, 0);
+}
+
+bool Mutex::TryLock() {
+  static const auto real =
+      RealAbsl<bool (*)(Mutex*)>("_ZN4absl7debian35Mutex7TryLockEv");
+  __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
+  const bool locked = real(this);
+  __tsan_mutex_post_lock(
+      this, __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed),
+      0);
+  return locked;
+}
+
+void Mutex::Await(const Condition& condition) {
+  static const auto real = RealAbsl<void (*)(Mutex*, const Condition&)>(
+      "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
+  __tsan_mutex_pre_unlock(this, 0);
+  real(this, condition);
+  __tsan_mutex_post_unlock(this, 0);
+  __tsan_mutex_pre_lock(this, 0);
+  __tsan_mutex_post_lock(this, 0, 0);
+}
+
+bool Mutex::AwaitWithDeadline(const Condition& condition, Time deadline) {
+  static const auto real = RealAbsl<bool (*)(Mutex*, const Condition&, Time)>(
+      "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_"
+      "4TimeE");
+  __tsan_mutex_pre_unlock(this, 0);
+  const bool met = real(this, condition, deadline);
+  __tsan_mutex_post_unlock(this, 0);
+  __tsan_mutex_pre_lock(this, 0);
+  __tsan_mutex_post_lock(this, 0, 0);
+  return met;
+}
+
+}  // namespace absl
+#endif  // __SANITIZE_THREAD__
