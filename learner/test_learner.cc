@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "learner/learner_params.h"
 
 namespace swarm {
 namespace {
@@ -26,25 +27,9 @@ constexpr const char* kKnownKeys[] = {
 };
 
 // A parameter's value for `site`: "<key>.<site>" wins over "<key>".
-struct Param {
-  std::string key;  // The key actually found, for error messages.
-  std::string value;
-};
-
-std::optional<Param> Lookup(const std::map<std::string, std::string>& params,
-                            absl::string_view key, absl::string_view site) {
-  std::string site_key = absl::StrCat(key, ".", site);
-  auto it = params.find(site_key);
-  if (it != params.end()) return Param{site_key, it->second};
-  it = params.find(std::string(key));
-  if (it != params.end()) return Param{it->first, it->second};
-  return std::nullopt;
-}
-
-absl::Status BadParam(const Param& param, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "learner param \"%s\": \"%s\" %s", param.key, param.value, why));
-}
+using Param = swarm::LearnerParam;
+constexpr auto& Lookup = swarm::LookupLearnerParam;
+constexpr auto& BadParam = swarm::BadLearnerParam;
 
 absl::StatusOr<double> ParseDouble(const Param& param) {
   double value;
@@ -179,20 +164,7 @@ absl::StatusOr<TestLearnerOptions> ParseTestLearnerOptions(
 
 std::set<std::string> UnknownTestLearnerParams(
     const std::map<std::string, std::string>& params) {
-  std::set<std::string> unknown;
-  for (const auto& [key, value] : params) {
-    bool known = false;
-    for (const char* k : kKnownKeys) {
-      absl::string_view rest = key;
-      if (absl::ConsumePrefix(&rest, k) &&
-          (rest.empty() || (rest.size() > 1 && rest[0] == '.'))) {
-        known = true;
-        break;
-      }
-    }
-    if (!known) unknown.insert(key);
-  }
-  return unknown;
+  return UnknownLearnerParams(params, kKnownKeys);
 }
 
 absl::StatusOr<std::unique_ptr<TestLearner>> TestLearner::Create(

@@ -1,0 +1,37 @@
+// Learner parameters: string settings from the site config and the job,
+// where "<key>.<site>" (for one site) wins over "<key>" (for every site).
+#ifndef SWARM_LEARNER_LEARNER_PARAMS_H_
+#define SWARM_LEARNER_LEARNER_PARAMS_H_
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace swarm {
+
+struct LearnerParam {
+  std::string key;  // The key actually found, for error messages.
+  std::string value;
+};
+
+// The value of `key` for `site`, or nullopt when neither form is given.
+std::optional<LearnerParam> LookupLearnerParam(
+    const std::map<std::string, std::string>& params, absl::string_view key,
+    absl::string_view site);
+
+// InvalidArgument: `learner param "<key>": "<value>" <why>`.
+absl::Status BadLearnerParam(const LearnerParam& param, absl::string_view why);
+
+// Keys of `params` that are none of `known` (plain or "<known>.<site>").
+std::set<std::string> UnknownLearnerParams(
+    const std::map<std::string, std::string>& params,
+    absl::Span<const char* const> known);
+
+}  // namespace swarm
+
+#endif  // SWARM_LEARNER_LEARNER_PARAMS_H_
