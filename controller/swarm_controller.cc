@@ -948,19 +948,22 @@ void SwarmController::CheckRound(uint32_t round) {
   runner_->Post([this, round] { FinishRound(round); });
 }
 
+SwarmController::AggregatorRound* SwarmController::GatheringRound(
+    uint32_t round) {
+  auto it = rounds_.find(round);
+  if (it != rounds_.end() && !it->second->finishing) return it->second.get();
+  AggregatorRound* latest = nullptr;
+  for (auto& [number, open] : rounds_) {
+    if (!open->finishing) latest = open.get();
+  }
+  return latest;
+}
+
 absl::StatusOr<ModelAdmission> SwarmController::AdmitResult(
     const v1::ModelHeader& header) {
   // The gatherer of the result's round, or else the latest open one (it
   // answers late and early results by its rules).
-  AggregatorRound* target = nullptr;
-  auto it = rounds_.find(header.round());
-  if (it != rounds_.end() && !it->second->finishing) {
-    target = it->second.get();
-  } else {
-    for (auto& [number, round] : rounds_) {
-      if (!round->finishing) target = round.get();
-    }
-  }
+  AggregatorRound* target = GatheringRound(header.round());
   if (target == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "site ", options_.site, " gathers no round (result for round ",
@@ -1018,14 +1021,7 @@ v1::Reply SwarmController::OnResult(
                                                 1
                                           : 0);
   Bump();
-  AggregatorRound* target = nullptr;
-  for (auto& [number, round] : rounds_) {
-    if (!round->finishing) target = round.get();
-  }
-  auto exact = rounds_.find(header.round());
-  if (exact != rounds_.end() && !exact->second->finishing) {
-    target = exact->second.get();
-  }
+  AggregatorRound* target = GatheringRound(header.round());
   if (target == nullptr || target->gatherer->closed()) {
     counters_.set_results_rejected(counters_.results_rejected() + 1);
     return MakeReply(v1::OUTCOME_REJECTED,
@@ -1076,15 +1072,7 @@ v1::SubmitPermissionReply SwarmController::RequestToSubmit(
     return reply;
   }
   const uint64_t retry_ms = job_->request_to_submit_interval_ms();
-  AggregatorRound* target = nullptr;
-  auto it = rounds_.find(request.round());
-  if (it != rounds_.end() && !it->second->finishing) {
-    target = it->second.get();
-  } else {
-    for (auto& [number, round] : rounds_) {
-      if (!round->finishing) target = round.get();
-    }
-  }
+  AggregatorRound* target = GatheringRound(request.round());
   if (target == nullptr) {
     const bool ahead =
         !last_task_round_.has_value() || request.round() > *last_task_round_;

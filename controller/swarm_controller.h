@@ -166,6 +166,11 @@ class SwarmController {
   // Closes the round if its gatherer is done; posts the aggregation.
   void CheckRound(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishRound(uint32_t round);
+  // The gatherer that answers for `round`: that round's while it gathers,
+  // else the latest open one (its rules handle late and early requests);
+  // nullptr when none gathers.
+  AggregatorRound* GatheringRound(uint32_t round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Reply OnResult(const v1::ModelHeader& header,
