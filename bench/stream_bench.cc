@@ -2,26 +2,34 @@
 // loopback, end to end (chunking, digest, assembly into the sink, digest
 // check), into the memory sink and the disk sink; and, in the same run, raw
 // loopback TCP throughput for the same byte count (two threads, a plain
-// socket, 1 MiB writes). Prints MB/s for each and, last,
+// socket, 1 MiB writes). The server runs in a child process, as a peer site
+// does (--same-process keeps it in this one). Prints, for each, MB/s and the
+// CPU seconds both ends spent per GiB and, last,
 //   stream_ratio=<gRPC memory-sink MB/s / raw TCP MB/s>
 //
-//   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] [--sinks
-//   memory,disk]
-//                [--dir /tmp] [--digest xxh3|sha256]
+//   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3]
+//                [--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]
+//                [--tls] [--same-process]
 // Each figure is the median of --repeat runs after one cold run.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -49,6 +57,8 @@ struct Options {
   v1::DigestAlgorithm digest = v1::DIGEST_XXH3_128;
   // mTLS between client and server (certificates made in memory).
   bool tls = false;
+  // Run the receiving server in this process instead of a child process.
+  bool same_process = false;
 };
 
 absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
@@ -124,11 +134,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       }
     } else if (arg == "--tls") {
       options.tls = true;
+    } else if (arg == "--same-process") {
+      options.same_process = true;
     } else if (arg == "--help" || arg == "-h") {
       std::printf(
           "stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] "
           "[--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256] "
-          "[--tls]\n");
+          "[--tls] [--same-process]\n");
       std::exit(0);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
@@ -190,20 +202,22 @@ absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
   return bytes / seconds / 1e6;
 }
 
-// The receiving site: assembles SubmitResult streams into the chosen sink.
+// The receiving site: assembles SubmitResult streams into the sink the
+// client names in the "bench-sink" metadata: empty for memory, else the path
+// of a disk sink (removed again after each stream).
 class BenchPeer : public RawModelService {
  public:
   BenchPeer() {
     AddModelUploadMethod(
         "SubmitResult",
-        [this](grpc::ServerContext*,
-               grpc::ServerReader<grpc::ByteBuffer>* reader, v1::Reply* reply) {
-          std::unique_ptr<TensorSink> sink;
+        [](grpc::ServerContext* context,
+           grpc::ServerReader<grpc::ByteBuffer>* reader, v1::Reply* reply) {
           std::string path;
-          {
-            absl::MutexLock lock(&mu_);
-            path = disk_path_;
+          auto it = context->client_metadata().find(kSinkMetadata);
+          if (it != context->client_metadata().end()) {
+            path = std::string(it->second.data(), it->second.size());
           }
+          std::unique_ptr<TensorSink> sink;
           if (path.empty()) {
             sink = std::make_unique<MemorySink>();
           } else {
@@ -211,20 +225,78 @@ class BenchPeer : public RawModelService {
           }
           Assembler assembler(sink.get(), AssemblerOptions());
           absl::StatusOr<Model> model = ReceiveModelStream(reader, &assembler);
+          if (!path.empty()) std::filesystem::remove(path);
           if (!model.ok()) return ToGrpcStatus(model.status());
           reply->set_message(absl::StrCat(model->total_bytes()));
           return grpc::Status::OK;  // The model is dropped here.
         });
   }
-  void SetDiskPath(std::string path) {
-    absl::MutexLock lock(&mu_);
-    disk_path_ = std::move(path);
-  }
-
- private:
-  absl::Mutex mu_;
-  std::string disk_path_ ABSL_GUARDED_BY(mu_);
+  static constexpr char kSinkMetadata[] = "bench-sink";
 };
+
+// PEM material for both ends, made in memory as swarmctl provision would.
+struct TlsMaterial {
+  std::string ca_cert;
+  security::KeyAndCert server;
+  security::KeyAndCert client;
+};
+
+absl::StatusOr<TlsMaterial> MakeTlsMaterial() {
+  SWARM_ASSIGN_OR_RETURN(security::KeyAndCert ca,
+                         security::CreateCa("bench CA"));
+  security::CertRequest request;
+  request.role = security::kSiteRole;
+  request.ip_addresses = {"127.0.0.1"};
+  request.common_name = "bench-server";
+  TlsMaterial material;
+  material.ca_cert = ca.cert_pem;
+  SWARM_ASSIGN_OR_RETURN(material.server,
+                         security::IssueCertificate(ca, request));
+  request.common_name = "bench-client";
+  SWARM_ASSIGN_OR_RETURN(material.client,
+                         security::IssueCertificate(ca, request));
+  return material;
+}
+
+// Starts the receiving server on a free loopback port; sets *port.
+std::unique_ptr<grpc::Server> StartServer(BenchPeer* peer,
+                                          const std::optional<TlsMaterial>& tls,
+                                          int* port) {
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      tls.has_value() ? security::ServerCredentials(
+                            {tls->server.key_pem, tls->server.cert_pem,
+                             tls->ca_cert, "bench-server", ""})
+                      : grpc::InsecureServerCredentials();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", credentials, port);
+  ApplyModelStreamArgs(&builder, AssemblerLimits());
+  builder.RegisterService(peer);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) return nullptr;
+  return server;
+}
+
+// The receiver in its own process, as a peer site is: serves until the
+// parent closes its end of `stop_fd` (or dies). Writes the port, or 0 on
+// failure, to `port_fd`. Must be called before this process starts any
+// thread (it is forked).
+[[noreturn]] void ServeInChild(const std::optional<TlsMaterial>& tls,
+                               int port_fd, int stop_fd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  TuneMallocForModelStreams();
+  BenchPeer peer;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartServer(&peer, tls, &port);
+  if (write(port_fd, &port, sizeof(port)) != sizeof(port) ||
+      server == nullptr) {
+    _exit(1);
+  }
+  char byte;
+  while (read(stop_fd, &byte, 1) < 0 && errno == EINTR) {
+  }
+  server->Shutdown();
+  _exit(0);
+}
 
 std::shared_ptr<const Model> MakeModel(uint64_t size) {
   // Eight F32 tensors; xorshift contents so the digest sees real data.
@@ -252,9 +324,12 @@ std::shared_ptr<const Model> MakeModel(uint64_t size) {
   return std::make_shared<Model>(std::move(model));
 }
 
+// Streams `model` to the receiver, into the memory sink when `disk_path`
+// is empty, else into a disk sink at that path.
 absl::StatusOr<double> StreamMBps(grpc::Channel* channel,
                                   const std::shared_ptr<const Model>& model,
-                                  const Options& options) {
+                                  const Options& options,
+                                  const std::string& disk_path) {
   v1::ModelHeader header;
   header.set_kind(v1::MODEL_KIND_RESULT);
   header.set_job_id("bench");
@@ -266,6 +341,8 @@ absl::StatusOr<double> StreamMBps(grpc::Channel* channel,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::hours(1));
+  if (!disk_path.empty())
+    context.AddMetadata(BenchPeer::kSinkMetadata, disk_path);
   SWARM_ASSIGN_OR_RETURN(
       v1::Reply reply,
       StreamModelToPeer(channel, "SubmitResult", &context, chunker.get()));
@@ -276,54 +353,109 @@ absl::StatusOr<double> StreamMBps(grpc::Channel* channel,
   return model->total_bytes() / seconds / 1e6;
 }
 
-int Run(const Options& options) {
-  TuneMallocForModelStreams();
-  std::printf(
-      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, %s, "
-      "median of %d\n",
-      options.size / 1048576.0, options.chunk / 1024.0,
-      options.digest == v1::DIGEST_SHA256 ? "sha256" : "xxh3-128",
-      options.tls ? "mTLS" : "plaintext", options.repeat);
-  std::fflush(stdout);
-  std::shared_ptr<const Model> model = MakeModel(options.size);
+// CPU seconds (user + system) used so far by this process (`self`) and by
+// the receiver process `child` (0 when there is none).
+struct CpuUse {
+  double self = 0;
+  double child = 0;
+};
 
-  std::shared_ptr<grpc::ServerCredentials> server_credentials =
-      grpc::InsecureServerCredentials();
-  std::shared_ptr<grpc::ChannelCredentials> channel_credentials =
-      grpc::InsecureChannelCredentials();
+CpuUse CpuSeconds(pid_t child) {
+  CpuUse use;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  use.self = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 +
+             usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
+  if (child <= 0) return use;
+  std::ifstream stat(absl::StrCat("/proc/", child, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  // utime and stime (fields 14 and 15, in clock ticks) counted from the
+  // state field that follows the ")" ending the command name.
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return use;
+  std::vector<std::string> fields = absl::StrSplit(line.substr(paren + 2), ' ');
+  double utime = 0;
+  double stime = 0;
+  if (fields.size() > 12 && absl::SimpleAtod(fields[11], &utime) &&
+      absl::SimpleAtod(fields[12], &stime)) {
+    use.child = (utime + stime) / sysconf(_SC_CLK_TCK);
+  }
+  return use;
+}
+
+int Run(const Options& options) {
+  std::optional<TlsMaterial> tls;
   if (options.tls) {
-    // Certificates made in memory, as swarmctl provision would.
-    absl::StatusOr<security::KeyAndCert> ca = security::CreateCa("bench CA");
-    security::CertRequest request;
-    request.role = security::kSiteRole;
-    request.ip_addresses = {"127.0.0.1"};
-    request.common_name = "bench-server";
-    absl::StatusOr<security::KeyAndCert> server =
-        ca.ok() ? security::IssueCertificate(*ca, request) : ca.status();
-    request.common_name = "bench-client";
-    absl::StatusOr<security::KeyAndCert> client =
-        ca.ok() ? security::IssueCertificate(*ca, request) : ca.status();
-    if (!server.ok() || !client.ok()) {
-      std::fprintf(stderr, "cannot make certificates\n");
+    absl::StatusOr<TlsMaterial> material = MakeTlsMaterial();
+    if (!material.ok()) {
+      std::fprintf(stderr, "cannot make certificates: %s\n",
+                   material.status().ToString().c_str());
       return 1;
     }
-    server_credentials = security::ServerCredentials(
-        {server->key_pem, server->cert_pem, ca->cert_pem, "bench-server", ""});
-    channel_credentials = security::ClientCredentials(
-        {client->key_pem, client->cert_pem, ca->cert_pem, "bench-client", ""});
+    tls = *std::move(material);
   }
+  // The receiver: a child process (as a peer site is), forked before this
+  // process starts any thread; or, with --same-process, a server here.
   BenchPeer peer;
-  grpc::ServerBuilder builder;
+  std::unique_ptr<grpc::Server> local_server;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", server_credentials, &port);
-
-  ApplyModelStreamArgs(&builder, AssemblerLimits());
-  builder.RegisterService(&peer);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  int stop_fd = -1;
+  pid_t child = -1;
+  if (options.same_process) {
+    local_server = StartServer(&peer, tls, &port);
+  } else {
+    int port_pipe[2];
+    int stop_pipe[2];
+    if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0) {
+      std::perror("pipe");
+      return 1;
+    }
+    child = fork();
+    if (child < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (child == 0) {
+      close(port_pipe[0]);
+      close(stop_pipe[1]);
+      ServeInChild(tls, port_pipe[1], stop_pipe[0]);
+    }
+    close(port_pipe[1]);
+    close(stop_pipe[0]);
+    stop_fd = stop_pipe[1];
+    if (read(port_pipe[0], &port, sizeof(port)) != sizeof(port)) port = 0;
+    close(port_pipe[0]);
+  }
+  if (port == 0) {
     std::fprintf(stderr, "cannot start the gRPC server on loopback\n");
     return 1;
   }
+  auto stop_receiver = [&] {
+    if (local_server != nullptr) local_server->Shutdown();
+    if (child > 0) {
+      close(stop_fd);
+      waitpid(child, nullptr, 0);
+    }
+  };
+
+  TuneMallocForModelStreams();
+  std::printf(
+      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, %s, "
+      "receiver in %s, median of %d\n",
+      options.size / 1048576.0, options.chunk / 1024.0,
+      options.digest == v1::DIGEST_SHA256 ? "sha256" : "xxh3-128",
+      options.tls ? "mTLS" : "plaintext",
+      options.same_process ? "this process" : "a child process",
+      options.repeat);
+  std::fflush(stdout);
+  std::shared_ptr<const Model> model = MakeModel(options.size);
+
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials =
+      tls.has_value() ? security::ClientCredentials(
+                            {tls->client.key_pem, tls->client.cert_pem,
+                             tls->ca_cert, "bench-client", ""})
+                      : grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
   ApplyModelStreamArgs(&args, AssemblerLimits());
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
@@ -336,8 +468,11 @@ int Run(const Options& options) {
   struct Measurement {
     const char* name;
     std::function<absl::StatusOr<double>()> run;
-    std::vector<double> figures;
+    std::vector<double> figures = {};
     double cold = 0;
+    // CPU seconds over the counted runs: this process (the sender, and the
+    // raw TCP reader thread) and the receiver process.
+    CpuUse cpu = {};
   };
   const std::string disk_path =
       (std::filesystem::path(options.dir) /
@@ -347,27 +482,27 @@ int Run(const Options& options) {
   measurements.push_back(
       {"raw loopback TCP", [&] { return RawTcpMBps(options.size); }});
   if (options.memory) {
-    measurements.push_back({"gRPC -> memory sink", [&] {
-                              peer.SetDiskPath("");
-                              return StreamMBps(channel.get(), model, options);
-                            }});
+    measurements.push_back(
+        {"gRPC -> memory sink",
+         [&] { return StreamMBps(channel.get(), model, options, ""); }});
   }
   if (options.disk) {
     measurements.push_back(
-        {"gRPC -> disk sink", [&]() -> absl::StatusOr<double> {
-           peer.SetDiskPath(disk_path);
-           absl::StatusOr<double> mbps =
-               StreamMBps(channel.get(), model, options);
-           std::filesystem::remove(disk_path);
-           return mbps;
-         }});
+        {"gRPC -> disk sink",
+         [&] { return StreamMBps(channel.get(), model, options, disk_path); }});
   }
   // The disk sink goes last, on its own: its writeback would slow the others.
   auto run_all = [&](size_t first, size_t last) -> bool {
     for (int i = 0; i <= options.repeat; ++i) {
       for (size_t k = first; k < last; ++k) {
         Measurement& m = measurements[k];
+        const CpuUse before = CpuSeconds(child);
         absl::StatusOr<double> mbps = m.run();
+        if (i > 0) {
+          const CpuUse after = CpuSeconds(child);
+          m.cpu.self += after.self - before.self;
+          m.cpu.child += after.child - before.child;
+        }
         if (!mbps.ok()) {
           std::fprintf(stderr, "%s: %s\n", m.name,
                        mbps.status().ToString().c_str());
@@ -385,11 +520,19 @@ int Run(const Options& options) {
   const size_t in_memory =
       options.disk ? measurements.size() - 1 : measurements.size();
   if (!run_all(0, in_memory) || !run_all(in_memory, measurements.size())) {
+    stop_receiver();
     return 1;
   }
   for (const Measurement& m : measurements) {
-    std::printf("%-22s %9.1f MB/s  (cold %.0f; runs:", m.name,
-                Median(m.figures), m.cold);
+    const double gib =
+        static_cast<double>(options.size) * options.repeat / (1ull << 30);
+    std::printf("%-22s %9.1f MB/s  %5.2f CPU-s/GiB", m.name, Median(m.figures),
+                (m.cpu.self + m.cpu.child) / gib);
+    if (m.cpu.child > 0) {
+      std::printf(" (sender %.2f, receiver %.2f)", m.cpu.self / gib,
+                  m.cpu.child / gib);
+    }
+    std::printf("  (cold %.0f; runs:", m.cold);
     for (double f : m.figures) std::printf(" %.0f", f);
     std::printf(")\n");
   }
@@ -400,7 +543,7 @@ int Run(const Options& options) {
   if (options.memory) {
     std::printf("stream_ratio=%.3f\n", Median(measurements[1].figures) / tcp);
   }
-  server->Shutdown();
+  stop_receiver();
   return 0;
 }
 

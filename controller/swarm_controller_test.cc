@@ -37,7 +37,6 @@
 #include "gtest/gtest.h"
 #include "learner/test_learner.h"
 
-
 namespace swarm {
 namespace {
 

@@ -161,7 +161,7 @@ absl::Status Assembler::MarkReceived(uint32_t tensor, uint64_t offset,
 
 absl::Status Assembler::OnChunk(
     uint32_t tensor_index, uint64_t offset, uint64_t size,
-    absl::FunctionRef<absl::Status(char* dst)> fill) {
+    absl::FunctionRef<absl::Status(char* dst, ChunkDigestFeed* feed)> fill) {
   switch (stage_) {
     case Stage::kChunks:
       break;
@@ -197,9 +197,14 @@ absl::Status Assembler::OnChunk(
   if (!marked.ok()) return Fail(std::move(marked));
   absl::StatusOr<char*> dst = sink_->WritableRange(tensor_index, offset, size);
   if (!dst.ok()) return Fail(dst.status());
-  absl::Status filled = fill(*dst);
+  digest_->BeginChunk(tensor_index, offset, size);
+  ChunkDigestFeed feed(digest_.get());
+  absl::Status filled = fill(*dst, &feed);
   if (!filled.ok()) return Fail(std::move(filled));
-  digest_->AddChunk(tensor_index, offset, absl::string_view(*dst, size));
+  if (feed.fed() != size) {
+    return Fail(absl::InternalError(absl::StrCat(
+        "chunk filler digested ", feed.fed(), " of ", size, " bytes")));
+  }
   absl::Status committed = sink_->CommitRange(tensor_index, offset, size);
   if (!committed.ok()) return Fail(std::move(committed));
   ++chunks_;
@@ -209,10 +214,12 @@ absl::Status Assembler::OnChunk(
 
 absl::Status Assembler::OnChunk(uint32_t tensor_index, uint64_t offset,
                                 absl::string_view data) {
-  return OnChunk(tensor_index, offset, data.size(), [&](char* dst) {
-    std::memcpy(dst, data.data(), data.size());
-    return absl::OkStatus();
-  });
+  return OnChunk(tensor_index, offset, data.size(),
+                 [&](char* dst, ChunkDigestFeed* feed) {
+                   feed->Add(data);
+                   std::memcpy(dst, data.data(), data.size());
+                   return absl::OkStatus();
+                 });
 }
 
 absl::Status Assembler::OnTrailer(const v1::ModelTrailer& trailer) {

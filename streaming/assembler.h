@@ -46,6 +46,25 @@ struct AssemblerOptions {
   std::optional<v1::ModelKind> expected_kind;
 };
 
+// Handed to a chunk's filler (Assembler::OnChunk): takes the chunk's bytes,
+// in order, as the filler writes them, for the stream digest.
+class ChunkDigestFeed {
+ public:
+  explicit ChunkDigestFeed(StreamDigest* digest) : digest_(digest) {}
+  ChunkDigestFeed(const ChunkDigestFeed&) = delete;
+  ChunkDigestFeed& operator=(const ChunkDigestFeed&) = delete;
+
+  void Add(absl::string_view bytes) {
+    digest_->AddChunkBytes(bytes);
+    fed_ += bytes.size();
+  }
+  uint64_t fed() const { return fed_; }
+
+ private:
+  StreamDigest* digest_;
+  uint64_t fed_ = 0;
+};
+
 class Assembler {
  public:
   // `sink` must outlive the assembler.
@@ -59,9 +78,12 @@ class Assembler {
                         uint64_t serialized_size);
 
   // A chunk of `size` bytes at `offset` of tensor `tensor_index`. After the
-  // range is validated, `fill(dst)` must write exactly `size` bytes to dst.
-  absl::Status OnChunk(uint32_t tensor_index, uint64_t offset, uint64_t size,
-                       absl::FunctionRef<absl::Status(char* dst)> fill);
+  // range is validated, `fill(dst, feed)` must write exactly `size` bytes to
+  // dst and pass the same bytes, in order, to `feed` (from wherever they are
+  // hottest in cache); a feed of any other length fails the stream.
+  absl::Status OnChunk(
+      uint32_t tensor_index, uint64_t offset, uint64_t size,
+      absl::FunctionRef<absl::Status(char* dst, ChunkDigestFeed* feed)> fill);
   absl::Status OnChunk(uint32_t tensor_index, uint64_t offset,
                        absl::string_view data);
 

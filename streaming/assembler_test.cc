@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -87,6 +89,55 @@ TEST(AssemblerTest, AcceptsChunksOutOfOrderWhenTheDigestMatchesThatOrder) {
   absl::StatusOr<Model> out = Feed(frames, &sink);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(BitIdentical(*model, *out));
+}
+
+// A filler that digests each chunk in uneven pieces, as the gRPC receive
+// path does with its slices, yields the sender's digest.
+TEST(AssemblerTest, PiecewiseFillerMatchesTheSendersDigest) {
+  auto model = SmallModel();
+  std::vector<v1::ModelFrame> frames = Frames(model);
+  MemorySink sink;
+  Assembler assembler(&sink, AssemblerOptions());
+  ASSERT_TRUE(assembler.OnFrame(frames.front()).ok());
+  for (size_t i = 1; i + 1 < frames.size(); ++i) {
+    const v1::ModelChunk& chunk = frames[i].chunk();
+    const std::string& data = chunk.data();
+    absl::Status status = assembler.OnChunk(
+        chunk.tensor_index(), chunk.offset(), data.size(),
+        [&](char* dst, ChunkDigestFeed* feed) {
+          for (size_t at = 0, piece = 1; at < data.size(); piece *= 3) {
+            const size_t take = std::min(piece, data.size() - at);
+            feed->Add(absl::string_view(data).substr(at, take));
+            std::memcpy(dst + at, data.data() + at, take);
+            at += take;
+          }
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  ASSERT_TRUE(assembler.OnFrame(frames.back()).ok());
+  absl::StatusOr<Model> out = assembler.Finish();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(BitIdentical(*model, *out));
+}
+
+// A filler that digests fewer bytes than it was given to write fails the
+// stream: the digest would no longer vouch for the chunk.
+TEST(AssemblerTest, FillerThatSkipsTheDigestFailsTheStream) {
+  std::vector<v1::ModelFrame> frames = Frames(SmallModel());
+  MemorySink sink;
+  Assembler assembler(&sink, AssemblerOptions());
+  ASSERT_TRUE(assembler.OnFrame(frames.front()).ok());
+  const v1::ModelChunk& chunk = frames[1].chunk();
+  absl::Status status = assembler.OnChunk(
+      chunk.tensor_index(), chunk.offset(), chunk.data().size(),
+      [&](char* dst, ChunkDigestFeed* feed) {
+        feed->Add(absl::string_view(chunk.data()).substr(1));
+        std::memcpy(dst, chunk.data().data(), chunk.data().size());
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  ExpectError(assembler.Finish(), absl::StatusCode::kInternal, "digested");
 }
 
 TEST(AssemblerTest, ReorderedChunksFailTheDigest) {

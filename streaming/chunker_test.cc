@@ -1,6 +1,7 @@
 #include "streaming/chunker.h"
 
 #include "gtest/gtest.h"
+#include "streaming/digest.h"
 #include "streaming/test_models.h"
 
 namespace swarm {
@@ -64,6 +65,28 @@ TEST(ChunkerTest, RefusesChunkSizeOutOfRange) {
   v1::ModelHeader header;
   header.set_digest_algorithm(static_cast<v1::DigestAlgorithm>(77));
   EXPECT_FALSE(Chunker::Create(TwoTensorModel(), header, 4096).ok());
+}
+
+// Digesting a chunk in pieces equals digesting it whole, for every
+// algorithm; a different split of the same bytes into chunks does not.
+TEST(StreamDigestTest, PiecesEqualTheWholeChunk) {
+  const std::string data(100000, 'x');
+  for (v1::DigestAlgorithm algorithm :
+       {v1::DIGEST_XXH3_128, v1::DIGEST_SHA256}) {
+    auto whole = *StreamDigest::Create(algorithm);
+    whole->AddChunk(2, 4096, data);
+    auto pieces = *StreamDigest::Create(algorithm);
+    pieces->BeginChunk(2, 4096, data.size());
+    for (size_t at = 0; at < data.size(); at += 8192) {
+      pieces->AddChunkBytes(absl::string_view(data).substr(at, 8192));
+    }
+    auto split = *StreamDigest::Create(algorithm);
+    split->AddChunk(2, 4096, absl::string_view(data).substr(0, 50000));
+    split->AddChunk(2, 54096, absl::string_view(data).substr(50000));
+    const std::string expected = whole->Finish();
+    EXPECT_EQ(pieces->Finish(), expected);
+    EXPECT_NE(split->Finish(), expected);
+  }
 }
 
 }  // namespace

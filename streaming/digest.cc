@@ -67,13 +67,17 @@ absl::StatusOr<std::unique_ptr<StreamDigest>> StreamDigest::Create(
 
 void StreamDigest::AddChunk(uint32_t tensor_index, uint64_t offset,
                             absl::string_view data) {
+  BeginChunk(tensor_index, offset, data.size());
+  Update(data.data(), data.size());
+}
+
+void StreamDigest::BeginChunk(uint32_t tensor_index, uint64_t offset,
+                              uint64_t length) {
   unsigned char prefix[20];
-  const uint64_t length = data.size();
   for (int i = 0; i < 4; ++i) prefix[i] = (tensor_index >> (8 * i)) & 0xff;
   for (int i = 0; i < 8; ++i) prefix[4 + i] = (offset >> (8 * i)) & 0xff;
   for (int i = 0; i < 8; ++i) prefix[12 + i] = (length >> (8 * i)) & 0xff;
   Update(prefix, sizeof(prefix));
-  Update(data.data(), data.size());
 }
 
 }  // namespace swarm

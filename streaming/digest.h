@@ -23,6 +23,13 @@ class StreamDigest {
 
   // Adds one chunk.
   void AddChunk(uint32_t tensor_index, uint64_t offset, absl::string_view data);
+  // The same in pieces: BeginChunk, then AddChunkBytes over exactly `length`
+  // bytes in order (so a receiver can digest each piece while it is still in
+  // cache). The result equals AddChunk's.
+  void BeginChunk(uint32_t tensor_index, uint64_t offset, uint64_t length);
+  void AddChunkBytes(absl::string_view bytes) {
+    Update(bytes.data(), bytes.size());
+  }
   // The digest bytes. Call once, after the last chunk.
   virtual std::string Finish() = 0;
 

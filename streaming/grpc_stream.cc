@@ -24,8 +24,6 @@ constexpr int kFrameOverhead = 4096;
 
 // Initial HTTP/2 stream window; see ApplyModelStreamArgs.
 constexpr int kStreamWindowBytes = 32 << 20;
-// TLS record frames (gRPC's default is 16 KiB).
-constexpr int kTlsFrameBytes = 1 << 20;
 
 uint8_t* PutVarint(uint64_t value, uint8_t* out) {
   while (value >= 0x80) {
@@ -83,10 +81,26 @@ std::optional<absl::Status> TryFeedChunk(grpc::ByteBuffer* frame,
   if (!in.ReadVarint32(&data_size)) return std::nullopt;
   // Only when the data is the chunk's last field are index and offset final.
   if (in.BytesUntilLimit() != static_cast<int>(data_size)) return std::nullopt;
-  absl::Status status =
-      assembler->OnChunk(tensor_index, offset, data_size, [&](char* dst) {
-        if (!in.ReadRaw(dst, static_cast<int>(data_size))) {
-          return absl::DataLossError("chunk frame is truncated");
+  // Piece by piece straight out of gRPC's slices: each piece is digested
+  // while it is still in cache from decryption or the socket read, then
+  // copied once into the sink.
+  absl::Status status = assembler->OnChunk(
+      tensor_index, offset, data_size, [&](char* dst, ChunkDigestFeed* feed) {
+        uint32_t left = data_size;
+        while (left > 0) {
+          const void* piece = nullptr;
+          int piece_size = 0;
+          if (!in.GetDirectBufferPointer(&piece, &piece_size) ||
+              piece_size <= 0) {
+            return absl::DataLossError("chunk frame is truncated");
+          }
+          const uint32_t take =
+              std::min<uint32_t>(left, static_cast<uint32_t>(piece_size));
+          feed->Add(absl::string_view(static_cast<const char*>(piece), take));
+          std::memcpy(dst, piece, take);
+          in.Skip(static_cast<int>(take));
+          dst += take;
+          left -= take;
         }
         return absl::OkStatus();
       });
@@ -124,8 +138,8 @@ void ApplyModelStreamArgs(grpc::ChannelArguments* args,
   // a new stream runs at full speed at once instead of waiting for the
   // bandwidth-delay estimate to grow it.
   args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
-  // With TLS: larger protected frames, fewer records per chunk.
-  args->SetInt(GRPC_ARG_TSI_MAX_FRAME_SIZE, kTlsFrameBytes);
+  // No GRPC_ARG_TSI_MAX_FRAME_SIZE: gRPC caps TLS protected frames at 16 KiB
+  // (one TLS record) whatever is asked, so setting it changes nothing.
 }
 
 void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
@@ -135,7 +149,6 @@ void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                               kStreamWindowBytes);
-  builder->AddChannelArgument(GRPC_ARG_TSI_MAX_FRAME_SIZE, kTlsFrameBytes);
 }
 
 void TuneMallocForModelStreams() {

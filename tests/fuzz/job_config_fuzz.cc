@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!swarm::ValidateJobConfig(defaulted).ok()) return 0;
   // A valid job can elect an aggregator for its rounds.
   for (uint32_t round = 0; round < 3; ++round) {
-    if (swarm::ElectionOrder(defaulted, defaulted.start_round() + round).empty()) {
+    if (swarm::ElectionOrder(defaulted, defaulted.start_round() + round)
+            .empty()) {
       __builtin_trap();
     }
   }

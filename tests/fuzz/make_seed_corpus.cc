@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   auto model = std::make_shared<swarm::Model>(*swarm::Model::Create(specs));
   for (size_t i = 0; i < model->num_tensors(); ++i) {
     auto bytes = model->mutable_tensor_data(i);
-    for (size_t j = 0; j < bytes.size(); ++j) bytes[j] = static_cast<char>(j * 7 + i);
+    for (size_t j = 0; j < bytes.size(); ++j)
+      bytes[j] = static_cast<char>(j * 7 + i);
   }
   model->metadata()["job"] = "seed";
   // Safetensors: a valid file, written through our writer.
