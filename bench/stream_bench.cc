@@ -2,9 +2,13 @@
 // loopback, end to end (chunking, digest, assembly into the sink, digest
 // check), into the memory sink and the disk sink; and, in the same run, raw
 // loopback TCP throughput for the same byte count (two threads, a plain
-// socket, 1 MiB writes). The server runs in a child process, as a peer site
-// does (--same-process keeps it in this one). Prints, for each, MB/s and the
-// CPU seconds both ends spent per GiB and, last,
+// socket, 1 MiB writes). With --tls the gRPC channel uses mTLS, and raw
+// loopback TLS (the same socket test through OpenSSL directly, no gRPC) is
+// measured too, as the reference for what TLS itself costs here. The server
+// runs in a child process, as a peer site does (--same-process keeps it in
+// this one). Prints, for each, MB/s and the CPU seconds both ends spent per
+// GiB; with --tls, tls_stream_ratio=<gRPC memory-sink MB/s / raw TLS MB/s>;
+// and, last,
 //   stream_ratio=<gRPC memory-sink MB/s / raw TCP MB/s>
 //
 //   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3]
@@ -14,6 +18,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -154,6 +161,12 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// As gRPC sets on its sockets: no Nagle delay for a stream's last bytes.
+void SetNoDelay(int fd) {
+  const int on = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+}
+
 // Raw loopback TCP: one thread writes `bytes` in 1 MiB writes, another reads.
 absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
   constexpr size_t kWrite = 1 << 20;
@@ -171,6 +184,7 @@ absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
   std::atomic<uint64_t> received{0};
   std::thread reader([&] {
     int fd = accept(listener, nullptr, nullptr);
+    SetNoDelay(fd);
     std::vector<char> buffer(kWrite);
     uint64_t got = 0;
     while (got < bytes) {
@@ -182,6 +196,7 @@ absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
     close(fd);
   });
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  SetNoDelay(fd);
   const absl::Time start = absl::Now();
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::InternalError(absl::StrCat("connect: ", std::strerror(errno)));
@@ -199,6 +214,117 @@ absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   close(listener);
   if (received != bytes) return absl::DataLossError("raw TCP lost bytes");
+  return bytes / seconds / 1e6;
+}
+
+// An OpenSSL context for one end of the raw TLS measurement: TLS 1.3 with
+// OpenSSL's default cipher suites (the same ones gRPC's channel offers and
+// accepts), presenting `key_pem`/`cert_pem` and requiring a peer
+// certificate signed by `ca_pem`, as the gRPC channel does.
+absl::StatusOr<std::shared_ptr<SSL_CTX>> RawTlsContext(
+    bool server, const std::string& key_pem, const std::string& cert_pem,
+    const std::string& ca_pem) {
+  std::shared_ptr<SSL_CTX> ctx(
+      SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
+      SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);
+  // Many records per read() instead of two reads per record.
+  SSL_CTX_set_read_ahead(ctx.get(), 1);
+  SSL_CTX_set_default_read_buffer_len(ctx.get(), 256 << 10);
+  auto read_pem = [](const std::string& pem, auto reader) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+    return reader(bio.get(), nullptr, nullptr, nullptr);
+  };
+  EVP_PKEY* key = read_pem(key_pem, PEM_read_bio_PrivateKey);
+  X509* cert = read_pem(cert_pem, PEM_read_bio_X509);
+  X509* ca = read_pem(ca_pem, PEM_read_bio_X509);
+  const bool ok =
+      key != nullptr && cert != nullptr && ca != nullptr &&
+      SSL_CTX_use_certificate(ctx.get(), cert) == 1 &&
+      SSL_CTX_use_PrivateKey(ctx.get(), key) == 1 &&
+      X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), ca) == 1;
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  X509_free(ca);
+  if (!ok) return absl::InternalError("cannot load the bench certificates");
+  SSL_CTX_set_verify(
+      ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  return ctx;
+}
+
+// Raw loopback TLS: the same as RawTcpMBps through OpenSSL directly (no
+// gRPC): one thread writes `bytes` in 1 MiB SSL_writes, another reads. The
+// reference for what TLS itself costs on this machine.
+absl::StatusOr<double> RawTlsMBps(uint64_t bytes, SSL_CTX* server_ctx,
+                                  SSL_CTX* client_ctx) {
+  constexpr size_t kWrite = 1 << 20;
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 ||
+      bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  std::atomic<uint64_t> received{0};
+  std::thread reader([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    SetNoDelay(fd);
+    SSL* ssl = SSL_new(server_ctx);
+    SSL_set_fd(ssl, fd);
+    std::vector<char> buffer(kWrite);
+    uint64_t got = 0;
+    if (SSL_accept(ssl) == 1) {
+      while (got < bytes) {
+        const int n = SSL_read(ssl, buffer.data(), buffer.size());
+        if (n <= 0) break;
+        got += n;
+      }
+    }
+    received = got;
+    SSL_free(ssl);
+    close(fd);
+  });
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  SetNoDelay(fd);
+  // Timed after the handshake, like the warm gRPC channel.
+  SSL* ssl = SSL_new(client_ctx);
+  absl::Time start;
+  uint64_t sent = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      SSL_set_fd(ssl, fd) == 1 && SSL_connect(ssl) == 1) {
+    start = absl::Now();
+    std::vector<char> buffer(kWrite, 'x');
+    while (sent < bytes) {
+      const int want =
+          static_cast<int>(std::min<uint64_t>(kWrite, bytes - sent));
+      const int n = SSL_write(ssl, buffer.data(), want);
+      if (n <= 0) break;
+      sent += n;
+    }
+  }
+  // The reader must have everything before this end closes: unread bytes
+  // here (a session ticket) would turn the close into a reset.
+  reader.join();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  SSL_shutdown(ssl);
+  SSL_free(ssl);
+  close(fd);
+  close(listener);
+  if (received != bytes) {
+    char error[256] = "no OpenSSL error";
+    if (unsigned long code = ERR_get_error(); code != 0) {
+      ERR_error_string_n(code, error, sizeof(error));
+    }
+    return absl::DataLossError(absl::StrCat("raw TLS moved ", received.load(),
+                                            " of ", bytes, " bytes: ", error));
+  }
   return bytes / seconds / 1e6;
 }
 
@@ -468,10 +594,12 @@ int Run(const Options& options) {
   struct Measurement {
     const char* name;
     std::function<absl::StatusOr<double>()> run;
+    // Whether the receiver process takes part (the gRPC measurements).
+    bool uses_receiver = true;
     std::vector<double> figures = {};
     double cold = 0;
     // CPU seconds over the counted runs: this process (the sender, and the
-    // raw TCP reader thread) and the receiver process.
+    // raw measurements' reader thread) and the receiver process.
     CpuUse cpu = {};
   };
   const std::string disk_path =
@@ -480,7 +608,34 @@ int Run(const Options& options) {
           .string();
   std::vector<Measurement> measurements;
   measurements.push_back(
-      {"raw loopback TCP", [&] { return RawTcpMBps(options.size); }});
+      {"raw loopback TCP", [&] { return RawTcpMBps(options.size); }, false});
+  std::shared_ptr<SSL_CTX> raw_tls_server;
+  std::shared_ptr<SSL_CTX> raw_tls_client;
+  if (tls.has_value()) {
+    absl::StatusOr<std::shared_ptr<SSL_CTX>> server_ctx = RawTlsContext(
+        true, tls->server.key_pem, tls->server.cert_pem, tls->ca_cert);
+    absl::StatusOr<std::shared_ptr<SSL_CTX>> client_ctx = RawTlsContext(
+        false, tls->client.key_pem, tls->client.cert_pem, tls->ca_cert);
+    if (!server_ctx.ok() || !client_ctx.ok()) {
+      std::fprintf(stderr, "raw TLS: %s\n",
+                   (server_ctx.ok() ? client_ctx.status() : server_ctx.status())
+                       .ToString()
+                       .c_str());
+      stop_receiver();
+      return 1;
+    }
+    raw_tls_server = *server_ctx;
+    raw_tls_client = *client_ctx;
+    measurements.push_back({"raw loopback TLS",
+                            [&] {
+                              return RawTlsMBps(options.size,
+                                                raw_tls_server.get(),
+                                                raw_tls_client.get());
+                            },
+                            false});
+  }
+  const size_t raw_tls_index = measurements.size() - 1;
+  const size_t memory_index = measurements.size();
   if (options.memory) {
     measurements.push_back(
         {"gRPC -> memory sink",
@@ -501,7 +656,8 @@ int Run(const Options& options) {
         if (i > 0) {
           const CpuUse after = CpuSeconds(child);
           m.cpu.self += after.self - before.self;
-          m.cpu.child += after.child - before.child;
+          // The idle receiver's few ticks are not the raw measurements' own.
+          if (m.uses_receiver) m.cpu.child += after.child - before.child;
         }
         if (!mbps.ok()) {
           std::fprintf(stderr, "%s: %s\n", m.name,
@@ -540,8 +696,15 @@ int Run(const Options& options) {
   if (options.disk) {
     std::printf("disk_ratio=%.3f\n", Median(measurements.back().figures) / tcp);
   }
+  if (options.memory && tls.has_value()) {
+    // How much of TLS's own throughput the gRPC stream keeps.
+    std::printf("tls_stream_ratio=%.3f\n",
+                Median(measurements[memory_index].figures) /
+                    Median(measurements[raw_tls_index].figures));
+  }
   if (options.memory) {
-    std::printf("stream_ratio=%.3f\n", Median(measurements[1].figures) / tcp);
+    std::printf("stream_ratio=%.3f\n",
+                Median(measurements[memory_index].figures) / tcp);
   }
   stop_receiver();
   return 0;
