@@ -154,8 +154,14 @@ grpc::Status PeerService::Authorize(grpc::ServerContext* context,
       }
     }
   }
+  // Whose budget the call counts against: the certificate's name. Without
+  // TLS the claimed sender is trusted (as everywhere in insecure mode), on
+  // its host: several sites often share one host, and counted by host alone
+  // they would starve each other.
   const std::string peer =
-      identity.authenticated ? identity.name : HostOf(context->peer());
+      identity.authenticated ? identity.name
+      : sender.empty()       ? HostOf(context->peer())
+                       : absl::StrCat(sender, "@", HostOf(context->peer()));
   {
     absl::MutexLock lock(&mu_);
     int& calls = calls_[peer];

@@ -41,8 +41,10 @@ struct ControllerOptions {
   // This site's name (must be a site of the job it is configured with).
   std::string site;
   // Attempts for one outgoing call before it counts as a failure, and the
-  // first backoff (doubled each attempt, with jitter).
-  int call_attempts = 3;
+  // first backoff (doubled each attempt, with jitter): by default about 1.5 s
+  // of retrying, so a brief outage or an overloaded peer (RESOURCE_EXHAUSTED)
+  // does not end a job.
+  int call_attempts = 6;
   absl::Duration first_backoff = absl::Milliseconds(50);
   // Seed of the backoff jitter; 0 draws one from std::random_device.
   // Simulations set it so that a run replays exactly.

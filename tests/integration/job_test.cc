@@ -54,6 +54,9 @@ struct JobSpec {
   std::string starting_site;  // Empty: the first site.
   // Scripted validation metric per round (before each site's offset).
   std::vector<double> metrics;
+  Transport transport = Transport::kMutualTls;
+  // > 0: every site's max_calls_per_peer.
+  uint32_t max_calls_per_peer = 0;
 };
 
 bool ExactInFloat(double value) {
@@ -89,7 +92,7 @@ class JobTest : public ::testing::Test {
   void RunJob(const JobSpec& spec) {
     const std::string label =
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    LocalSwarm swarm(label);
+    LocalSwarm swarm(label, spec.transport);
     SCOPED_TRACE(absl::StrCat("files in ", swarm.dir()));
 
     // --- Sites: one daemon each, its learner scripted by site params.
@@ -100,12 +103,14 @@ class JobTest : public ::testing::Test {
         entries.push_back(
             absl::StrCat(r, ":", spec.metrics[r] + site.metric_offset));
       }
-      absl::Status started = swarm.StartSite(
-          site.name, {{"size", absl::StrCat(kModelSize)},
-                      {"init_scale", absl::StrCat(kInitScale)},
-                      {"delta", absl::StrCat(site.delta)},
-                      {"sample_count", absl::StrCat(site.samples)},
-                      {"metrics", absl::StrJoin(entries, ",")}});
+      absl::Status started =
+          swarm.StartSite(site.name,
+                          {{"size", absl::StrCat(kModelSize)},
+                           {"init_scale", absl::StrCat(kInitScale)},
+                           {"delta", absl::StrCat(site.delta)},
+                           {"sample_count", absl::StrCat(site.samples)},
+                           {"metrics", absl::StrJoin(entries, ",")}},
+                          spec.max_calls_per_peer);
       ASSERT_TRUE(started.ok()) << started;
     }
 
@@ -389,6 +394,25 @@ TEST_F(JobTest, EightSitesEachTrainerAndCandidate) {
   for (int k = 0; k < 8; ++k) {
     spec.sites.push_back({absl::StrCat("site-", k + 1), true, true,
                           0.125 * (k + 1), samples[k], 0.0625 * (k % 3)});
+  }
+  RunJob(spec);
+}
+
+// Without TLS, sites sharing one host are still separate peers: each has
+// its own call budget at the others. (Counted by host alone, the trainers'
+// held submit requests used up the budget and the next learn task to the
+// aggregator was refused, which stalled the job.)
+TEST_F(JobTest, InsecureSitesOnOneHostHaveTheirOwnCallBudgets) {
+  JobSpec spec;
+  spec.job_id = "insecure-one-host";
+  spec.seed = 5;
+  spec.metrics = kBestRound2;
+  spec.transport = Transport::kInsecure;
+  spec.max_calls_per_peer = 2;
+  const uint64_t samples[] = {1, 1, 2, 2, 2};  // Sum 8.
+  for (int k = 0; k < 5; ++k) {
+    spec.sites.push_back({absl::StrCat("site-", k + 1), true, true,
+                          0.125 * (k + 1), samples[k], 0.0});
   }
   RunJob(spec);
 }

@@ -67,7 +67,8 @@ int TimeScale() {
 #endif
 }
 
-LocalSwarm::LocalSwarm(absl::string_view label) : dir_(MakeTempDir(label)) {
+LocalSwarm::LocalSwarm(absl::string_view label, Transport transport)
+    : dir_(MakeTempDir(label)), transport_(transport) {
   absl::StatusOr<security::KeyAndCert> ca =
       security::CreateCa("integration CA");
   if (!ca.ok()) {
@@ -149,14 +150,19 @@ absl::Status LocalSwarm::StartSite(
   config.set_workspace(site.workspace);
   config.mutable_learner()->set_kind("test");
   if (max_calls_per_peer > 0) config.set_max_calls_per_peer(max_calls_per_peer);
-  Identity(name, security::kSiteRole);
-  config.set_tls_dir(absl::StrCat(dir_, "/pki/", name));
+  std::vector<std::string> argv = {SwarmClientPath(), "--config"};
+  if (transport_ == Transport::kMutualTls) {
+    Identity(name, security::kSiteRole);
+    config.set_tls_dir(absl::StrCat(dir_, "/pki/", name));
+  }
   for (const auto& [key, value] : learner_params) {
     (*config.mutable_learner()->mutable_params())[key] = value;
   }
   site.config_path = WriteFile(absl::StrCat(name, ".json"), ToJson(config));
-  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(
-      {SwarmClientPath(), "--config", site.config_path}, "", site.log_path);
+  argv.push_back(site.config_path);
+  if (transport_ == Transport::kInsecure) argv.push_back("--insecure");
+  absl::StatusOr<std::unique_ptr<Process>> process =
+      Process::Start(argv, "", site.log_path);
   if (!process.ok()) return process.status();
   site.process = std::move(*process);
   absl::StatusOr<std::string> line =
@@ -210,14 +216,19 @@ std::string LocalSwarm::WriteJob(const v1::JobConfig& job,
   return WriteFile(name, ToJson(job));
 }
 
-// swarmctl acts as the admin unless the test says otherwise.
+// swarmctl acts as the admin (or, in an insecure swarm, runs --insecure)
+// unless the test says otherwise.
 static std::vector<std::string> WithAdminIdentity(std::vector<std::string> args,
-                                                  const std::string& tls_dir) {
+                                                  const std::string& tls_dir,
+                                                  Transport transport) {
   const bool chosen =
       std::find(args.begin(), args.end(), "--insecure") != args.end() ||
       std::find(args.begin(), args.end(), "--tls-dir") != args.end() ||
       (!args.empty() && args[0] == "provision");
-  if (!chosen) {
+  if (chosen) return args;
+  if (transport == Transport::kInsecure) {
+    args.push_back("--insecure");
+  } else {
     args.push_back("--tls-dir");
     args.push_back(tls_dir);
   }
@@ -227,7 +238,8 @@ static std::vector<std::string> WithAdminIdentity(std::vector<std::string> args,
 CommandResult LocalSwarm::Swarmctl(const std::vector<std::string>& args,
                                    absl::Duration timeout) {
   std::vector<std::string> argv = {SwarmctlPath()};
-  const std::vector<std::string> full = WithAdminIdentity(args, admin_tls_dir_);
+  const std::vector<std::string> full =
+      WithAdminIdentity(args, admin_tls_dir_, transport_);
   argv.insert(argv.end(), full.begin(), full.end());
   return RunCommand(argv, absl::StrCat(dir_, "/swarmctl-", ++commands_),
                     timeout * TimeScale());
@@ -236,7 +248,8 @@ CommandResult LocalSwarm::Swarmctl(const std::vector<std::string>& args,
 absl::StatusOr<std::unique_ptr<Process>> LocalSwarm::StartSwarmctl(
     const std::vector<std::string>& args, const std::string& name) {
   std::vector<std::string> argv = {SwarmctlPath()};
-  const std::vector<std::string> full = WithAdminIdentity(args, admin_tls_dir_);
+  const std::vector<std::string> full =
+      WithAdminIdentity(args, admin_tls_dir_, transport_);
   argv.insert(argv.end(), full.begin(), full.end());
   return Process::Start(argv, absl::StrCat(dir_, "/", name, ".out"),
                         absl::StrCat(dir_, "/", name, ".err"));
@@ -247,10 +260,13 @@ v1::Peer::Stub& LocalSwarm::Stub(const std::string& name) {
   if (s.stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    s.stub = v1::Peer::NewStub(grpc::CreateCustomChannel(
-        s.address,
-        security::ClientCredentials(Identity("admin", security::kAdminRole)),
-        args));
+    s.stub = v1::Peer::NewStub(
+        grpc::CreateCustomChannel(s.address,
+                                  transport_ == Transport::kInsecure
+                                      ? grpc::InsecureChannelCredentials()
+                                      : security::ClientCredentials(Identity(
+                                            "admin", security::kAdminRole)),
+                                  args));
   }
   return *s.stub;
 }

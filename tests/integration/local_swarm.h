@@ -46,10 +46,14 @@ struct SiteProcess {
   std::unique_ptr<v1::Peer::Stub> stub;  // Made by LocalSwarm::Stub.
 };
 
+// How the sites and the test talk: mTLS (the default) or --insecure.
+enum class Transport { kMutualTls, kInsecure };
+
 class LocalSwarm {
  public:
   // `label` names the temporary folder (e.g. the test's name).
-  explicit LocalSwarm(absl::string_view label);
+  explicit LocalSwarm(absl::string_view label,
+                      Transport transport = Transport::kMutualTls);
   ~LocalSwarm();
   LocalSwarm(const LocalSwarm&) = delete;
   LocalSwarm& operator=(const LocalSwarm&) = delete;
@@ -119,6 +123,7 @@ class LocalSwarm {
   security::KeyAndCert ca_;
   std::map<std::string, security::TlsIdentity> identities_;
   std::string admin_tls_dir_;
+  Transport transport_;
   int commands_ = 0;
   std::vector<std::string> names_;
   std::map<std::string, SiteProcess> sites_;
