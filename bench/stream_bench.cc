@@ -167,9 +167,44 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
 }
 
-// Raw loopback TCP: one thread writes `bytes` in 1 MiB writes, another reads.
-absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
-  constexpr size_t kWrite = 1 << 20;
+// One end of a raw loopback stream over a connected socket.
+class RawEnd {
+ public:
+  virtual ~RawEnd() = default;
+  // Takes over `fd` (the handshake, if any); false on failure.
+  virtual bool Open(int fd) = 0;
+  // As read(2)/write(2): bytes moved, or <= 0 on failure.
+  virtual ssize_t Read(char* data, size_t size) = 0;
+  virtual ssize_t Write(const char* data, size_t size) = 0;
+  // Before the socket is closed.
+  virtual void Close() {}
+  // What went wrong, for an error message.
+  virtual std::string LastError() { return std::strerror(errno); }
+};
+
+class TcpEnd final : public RawEnd {
+ public:
+  bool Open(int fd) override {
+    fd_ = fd;
+    return true;
+  }
+  ssize_t Read(char* data, size_t size) override {
+    return read(fd_, data, size);
+  }
+  ssize_t Write(const char* data, size_t size) override {
+    return write(fd_, data, size);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// One thread writes `bytes` through `writer` in 1 MiB pieces, another reads
+// them through `reader`; timed from the end of the writer's handshake until
+// the reader has everything.
+absl::StatusOr<double> RawLoopbackMBps(uint64_t bytes, RawEnd* writer,
+                                       RawEnd* reader) {
+  constexpr size_t kPiece = 1 << 20;
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -179,42 +214,66 @@ absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
       bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
       listen(listener, 1) != 0 ||
       getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    const std::string error = std::strerror(errno);
+    if (listener >= 0) close(listener);
+    return absl::InternalError(absl::StrCat("loopback listener: ", error));
   }
   std::atomic<uint64_t> received{0};
-  std::thread reader([&] {
-    int fd = accept(listener, nullptr, nullptr);
+  std::thread reading([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    if (fd < 0) return;  // The writer could not connect.
     SetNoDelay(fd);
-    std::vector<char> buffer(kWrite);
+    std::vector<char> buffer(kPiece);
     uint64_t got = 0;
-    while (got < bytes) {
-      ssize_t n = read(fd, buffer.data(), buffer.size());
-      if (n <= 0) break;
-      got += n;
+    if (reader->Open(fd)) {
+      while (got < bytes) {
+        const ssize_t n = reader->Read(buffer.data(), buffer.size());
+        if (n <= 0) break;
+        got += n;
+      }
     }
     received = got;
+    reader->Close();
     close(fd);
   });
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  SetNoDelay(fd);
-  const absl::Time start = absl::Now();
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::InternalError(absl::StrCat("connect: ", std::strerror(errno)));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  absl::Time start = absl::Now();
+  if (fd >= 0) SetNoDelay(fd);
+  if (fd >= 0 &&
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      writer->Open(fd)) {
+    start = absl::Now();
+    std::vector<char> buffer(kPiece, 'x');
+    uint64_t sent = 0;
+    while (sent < bytes) {
+      const ssize_t n = writer->Write(buffer.data(),
+                                      std::min<uint64_t>(kPiece, bytes - sent));
+      if (n <= 0) break;
+      sent += n;
+    }
+  } else {
+    shutdown(listener, SHUT_RDWR);  // Wakes the reader's accept().
   }
-  std::vector<char> buffer(kWrite, 'x');
-  uint64_t sent = 0;
-  while (sent < bytes) {
-    const size_t want = std::min<uint64_t>(kWrite, bytes - sent);
-    ssize_t n = write(fd, buffer.data(), want);
-    if (n <= 0) break;
-    sent += n;
-  }
-  close(fd);
-  reader.join();
+  // The reader must have everything before this end closes: unread bytes
+  // here (a TLS session ticket) would turn the close into a reset.
+  reading.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string error = writer->LastError();
+  writer->Close();
+  if (fd >= 0) close(fd);
   close(listener);
-  if (received != bytes) return absl::DataLossError("raw TCP lost bytes");
+  if (received != bytes) {
+    return absl::DataLossError(absl::StrCat("moved ", received.load(), " of ",
+                                            bytes, " bytes: ", error));
+  }
   return bytes / seconds / 1e6;
+}
+
+// Raw loopback TCP: a plain socket.
+absl::StatusOr<double> RawTcpMBps(uint64_t bytes) {
+  TcpEnd writer;
+  TcpEnd reader;
+  return RawLoopbackMBps(bytes, &writer, &reader);
 }
 
 // An OpenSSL context for one end of the raw TLS measurement: TLS 1.3 with
@@ -255,77 +314,47 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> RawTlsContext(
   return ctx;
 }
 
-// Raw loopback TLS: the same as RawTcpMBps through OpenSSL directly (no
-// gRPC): one thread writes `bytes` in 1 MiB SSL_writes, another reads. The
-// reference for what TLS itself costs on this machine.
-absl::StatusOr<double> RawTlsMBps(uint64_t bytes, SSL_CTX* server_ctx,
-                                  SSL_CTX* client_ctx) {
-  constexpr size_t kWrite = 1 << 20;
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (listener < 0 ||
-      bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+// One end of a TLS connection through OpenSSL directly.
+class TlsEnd final : public RawEnd {
+ public:
+  TlsEnd(SSL_CTX* ctx, bool server) : ctx_(ctx), server_(server) {}
+  ~TlsEnd() override { SSL_free(ssl_); }
+
+  bool Open(int fd) override {
+    ssl_ = SSL_new(ctx_);
+    return ssl_ != nullptr && SSL_set_fd(ssl_, fd) == 1 &&
+           (server_ ? SSL_accept(ssl_) : SSL_connect(ssl_)) == 1;
   }
-  std::atomic<uint64_t> received{0};
-  std::thread reader([&] {
-    int fd = accept(listener, nullptr, nullptr);
-    SetNoDelay(fd);
-    SSL* ssl = SSL_new(server_ctx);
-    SSL_set_fd(ssl, fd);
-    std::vector<char> buffer(kWrite);
-    uint64_t got = 0;
-    if (SSL_accept(ssl) == 1) {
-      while (got < bytes) {
-        const int n = SSL_read(ssl, buffer.data(), buffer.size());
-        if (n <= 0) break;
-        got += n;
-      }
-    }
-    received = got;
-    SSL_free(ssl);
-    close(fd);
-  });
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  SetNoDelay(fd);
-  // Timed after the handshake, like the warm gRPC channel.
-  SSL* ssl = SSL_new(client_ctx);
-  absl::Time start;
-  uint64_t sent = 0;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      SSL_set_fd(ssl, fd) == 1 && SSL_connect(ssl) == 1) {
-    start = absl::Now();
-    std::vector<char> buffer(kWrite, 'x');
-    while (sent < bytes) {
-      const int want =
-          static_cast<int>(std::min<uint64_t>(kWrite, bytes - sent));
-      const int n = SSL_write(ssl, buffer.data(), want);
-      if (n <= 0) break;
-      sent += n;
-    }
+  ssize_t Read(char* data, size_t size) override {
+    return SSL_read(ssl_, data, static_cast<int>(size));
   }
-  // The reader must have everything before this end closes: unread bytes
-  // here (a session ticket) would turn the close into a reset.
-  reader.join();
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  SSL_shutdown(ssl);
-  SSL_free(ssl);
-  close(fd);
-  close(listener);
-  if (received != bytes) {
+  ssize_t Write(const char* data, size_t size) override {
+    return SSL_write(ssl_, data, static_cast<int>(size));
+  }
+  void Close() override {
+    if (ssl_ != nullptr) SSL_shutdown(ssl_);
+  }
+  std::string LastError() override {
     char error[256] = "no OpenSSL error";
     if (unsigned long code = ERR_get_error(); code != 0) {
       ERR_error_string_n(code, error, sizeof(error));
     }
-    return absl::DataLossError(absl::StrCat("raw TLS moved ", received.load(),
-                                            " of ", bytes, " bytes: ", error));
+    return error;
   }
-  return bytes / seconds / 1e6;
+
+ private:
+  SSL_CTX* ctx_;
+  bool server_;
+  SSL* ssl_ = nullptr;
+};
+
+// Raw loopback TLS: the same through OpenSSL directly (no gRPC), the
+// reference for what TLS itself costs on this machine.
+absl::StatusOr<double> RawTlsMBps(uint64_t bytes, SSL_CTX* server_ctx,
+                                  SSL_CTX* client_ctx) {
+  TlsEnd writer(client_ctx, /*server=*/false);
+  TlsEnd reader(server_ctx, /*server=*/true);
+  return RawLoopbackMBps(bytes, &writer, &reader);
 }
 
 // The receiving site: assembles SubmitResult streams into the sink the
