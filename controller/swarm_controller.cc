@@ -17,6 +17,9 @@
 namespace swarm {
 namespace {
 
+// The longest wait between two attempts of a call (before jitter).
+constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+
 v1::Reply MakeReply(v1::Outcome outcome, std::string message) {
   v1::Reply reply;
   reply.set_outcome(outcome);
@@ -249,28 +252,39 @@ v1::ModelHeader SwarmController::BaseHeader(v1::ModelKind kind,
 void SwarmController::CallWithRetry(std::string what,
                                     std::function<absl::Status()> call,
                                     std::function<void(absl::Status)> done,
-                                    int attempt) {
+                                    CallRetryBudget budget, int attempt) {
   absl::Status status = call();
-  if (status.ok() || attempt >= options_.call_attempts || !Retryable(status)) {
+  if (status.ok() || !Retryable(status)) {
     done(status);
     return;
   }
-  // Exponential backoff with jitter in [0.5, 1.5).
+  // Exponential backoff, capped, with jitter in [0.5, 1.5).
   double jitter;
   {
     absl::MutexLock lock(&jitter_mu_);
     jitter = 0.5 + std::uniform_real_distribution<double>(0.0, 1.0)(jitter_);
   }
   const absl::Duration delay =
-      options_.first_backoff * (1 << (attempt - 1)) * jitter;
+      std::min(options_.first_backoff * (1 << std::min(attempt - 1, 16)),
+               std::max(kMaxBackoff, options_.first_backoff)) *
+      jitter;
+  if (attempt >= options_.call_attempts &&
+      runner_->Now() + delay > budget.until) {
+    done(status);
+    return;
+  }
   SWARM_LOG_INFO("%s failed (%s); retry %d in %s", what, status.ToString(),
                  attempt, absl::FormatDuration(delay));
-  runner_->PostAfter(delay,
-                     [this, what = std::move(what), call = std::move(call),
-                      done = std::move(done), attempt]() mutable {
-                       CallWithRetry(std::move(what), std::move(call),
-                                     std::move(done), attempt + 1);
-                     });
+  runner_->PostAfter(delay, [this, what = std::move(what),
+                             call = std::move(call), done = std::move(done),
+                             budget = std::move(budget), attempt]() mutable {
+    if (budget.still_wanted && !budget.still_wanted()) {
+      done(absl::CancelledError(absl::StrCat(what, ": no longer wanted")));
+      return;
+    }
+    CallWithRetry(std::move(what), std::move(call), std::move(done),
+                  std::move(budget), attempt + 1);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -598,6 +612,20 @@ void SwarmController::SendLearnTaskToAggregator(
   const v1::SiteInfo to = *site;
   // Whether an earlier attempt may have arrived (its reply was lost).
   auto maybe_delivered = std::make_shared<std::atomic<bool>>(false);
+  // Without this task the round cannot happen, and the trainers, which
+  // already hold theirs, wait for it up to request_to_submit_max_wait: so
+  // keep trying that long (an aggregator back from a restart or a network
+  // cut then runs the round), as long as this job runs here.
+  CallRetryBudget budget;
+  {
+    absl::MutexLock lock(&mu_);
+    budget.until =
+        runner_->Now() + Millis(job_->request_to_submit_max_wait_ms());
+    budget.still_wanted = [this, job_id = job_->job_id()] {
+      absl::MutexLock lock(&mu_);
+      return Active() && job_->job_id() == job_id;
+    };
+  }
   CallWithRetry(
       absl::StrCat("learn task to aggregator ", aggregator),
       [this, to, header, global, maybe_delivered, round, aggregator,
@@ -621,12 +649,15 @@ void SwarmController::SendLearnTaskToAggregator(
       [this, round, aggregator](absl::Status status) {
         if (status.ok()) return;
         absl::MutexLock lock(&mu_);
+        // Aborted, failed or replaced meanwhile: nothing left to report.
+        if (status.code() == absl::StatusCode::kCancelled || !Active()) return;
         // Failover to a backup aggregator is future work; for now the job
         // cannot continue without this round's aggregator.
         Fail(absl::StrCat("round ", round, ": aggregator ", aggregator,
                           " unreachable"),
              status);
-      });
+      },
+      std::move(budget));
 }
 
 v1::Reply SwarmController::AcceptLearnTask(const v1::ModelHeader& header,

@@ -37,6 +37,15 @@
 
 namespace swarm {
 
+// How long, and while what holds, an outgoing call is retried.
+struct CallRetryBudget {
+  // Retry at least until ControllerOptions::call_attempts attempts, and
+  // further until this time.
+  absl::Time until = absl::InfinitePast();
+  // Checked before each retry; when false, the call ends CANCELLED.
+  std::function<bool()> still_wanted;
+};
+
 struct ControllerOptions {
   // This site's name (must be a site of the job it is configured with).
   std::string site;
@@ -139,10 +148,11 @@ class SwarmController {
   v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Calls `call` up to options_.call_attempts times with backoff, then
-  // `done` with the last status. Runs on the runner.
+  // Calls `call` with backoff while it fails with a retryable status and
+  // `budget` allows, then `done` with the last status. Runs on the runner.
   void CallWithRetry(std::string what, std::function<absl::Status()> call,
-                     std::function<void(absl::Status)> done, int attempt = 1);
+                     std::function<void(absl::Status)> done,
+                     CallRetryBudget budget = {}, int attempt = 1);
 
   // Scatter (design step 1): sends round `round`'s learn task with `global`.
   void Scatter(uint32_t round, std::shared_ptr<const Model> global,

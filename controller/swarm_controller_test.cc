@@ -954,6 +954,54 @@ TEST(SimTest, IsolatedAggregatorFailsTheJobVisibly) {
   }
 }
 
+TEST(SimTest, AggregatorCutOffBrieflyRunsItsRoundOnceBack) {
+  // The elected aggregator of round r is cut off as round r's scatter
+  // begins and is back 5 s later, well past the ordinary retries (about
+  // 1.5 s) but within request_to_submit_max_wait (30 s). The scatterer keeps
+  // retrying its learn task, so the round runs once it is back, with every
+  // trainer (the aggregator trains on that same task), and the job
+  // completes with exact aggregates.
+  SimConfig config = Config(5, 4);
+  Sim probe(config);
+  uint32_t round = 1;
+  while (round < 4 && probe.Aggregator(round) == probe.Aggregator(round - 1)) {
+    ++round;
+  }
+  ASSERT_LT(round, 4u) << "no round changes aggregator; change the seed";
+  // Weights: 1 per site, 4 for the cut aggregator (a total of 8).
+  const int cut_site = probe.Index(probe.Aggregator(round));
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == cut_site ? 4 : 1;
+  };
+  Sim sim(config);
+  const std::string aggregator = sim.Aggregator(round);
+  bool cut = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (!cut && call.kind == CallKind::kLearnTask && call.round == round) {
+      cut = true;
+      sim.network().Isolate(aggregator);
+      sim.runner().PostAfter(absl::Seconds(5),
+                             [&] { sim.network().Recover(aggregator); });
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(cut);
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << sim.Status(i).last_error();
+  }
+  // The round opened only after the cut healed.
+  EXPECT_GE(RoundOpenedAt(sim, round) - RoundOpenedAt(sim, round - 1),
+            absl::Seconds(5));
+  ExpectExactRounds(
+      sim,
+      [&](uint32_t) { return all; },
+      all);
+}
+
 TEST(SimTest, IsolatedTrainerIsNotWaitedForAndRejoinsAfterRecovery) {
   // A trainer is cut off from round 1 to round 3: its learn tasks are not
   // acknowledged, so rounds 1 and 2 neither wait for it nor count it, and
