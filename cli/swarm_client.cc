@@ -10,6 +10,7 @@
 // swarmctl configures, and logs one line per meaningful event on stderr.
 // SIGTERM or SIGINT shut it down cleanly. With listen port 0 it picks a free
 // port and prints it ("listening on 127.0.0.1:PORT").
+#include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -185,4 +186,12 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace swarm
 
-int main(int argc, char** argv) { return swarm::Run(argc, argv); }
+int main(int argc, char** argv) {
+  // Holds gRPC up while Run's servers and channels exist, then waits for
+  // gRPC's own asynchronous cleanup (connections still closing, their TLS
+  // state) to finish before the process exits.
+  grpc_init();
+  const int code = swarm::Run(argc, argv);
+  grpc_shutdown_blocking();
+  return code;
+}

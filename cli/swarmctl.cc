@@ -13,6 +13,7 @@
 //
 // Exit codes: 0 success; 1 a site failed or refused (the message names it);
 // 2 bad usage or an invalid job config (nothing was sent to any site).
+#include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -435,4 +436,12 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace swarm
 
-int main(int argc, char** argv) { return swarm::Run(argc, argv); }
+int main(int argc, char** argv) {
+  // Holds gRPC up while Run's servers and channels exist, then waits for
+  // gRPC's own asynchronous cleanup (connections still closing, their TLS
+  // state) to finish before the process exits.
+  grpc_init();
+  const int code = swarm::Run(argc, argv);
+  grpc_shutdown_blocking();
+  return code;
+}

@@ -207,15 +207,22 @@ absl::Status FeedFrame(grpc::ByteBuffer* frame, Assembler* assembler) {
   return assembler->OnFrame(message);
 }
 
-bool WriteModelFrames(Chunker* chunker,
-                      absl::FunctionRef<bool(const grpc::ByteBuffer&)> write) {
-  if (!write(EncodeHeaderFrame(chunker->header()))) return false;
+bool WriteModelFrames(
+    Chunker* chunker,
+    absl::FunctionRef<bool(const grpc::ByteBuffer&, grpc::WriteOptions)>
+        write) {
+  if (!write(EncodeHeaderFrame(chunker->header()), grpc::WriteOptions())) {
+    return false;
+  }
   // The storage stays alive until gRPC has released every chunk's bytes.
   const std::shared_ptr<const void> keep_alive = chunker->model()->storage();
   while (std::optional<ChunkRef> chunk = chunker->NextChunk()) {
-    if (!write(EncodeChunkFrame(*chunk, keep_alive))) return false;
+    if (!write(EncodeChunkFrame(*chunk, keep_alive), grpc::WriteOptions())) {
+      return false;
+    }
   }
-  return write(EncodeTrailerFrame(chunker->Trailer()));
+  return write(EncodeTrailerFrame(chunker->Trailer()),
+               grpc::WriteOptions().set_last_message());
 }
 
 absl::StatusOr<Model> ReadModelFrames(
@@ -251,10 +258,11 @@ absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
           channel, rpc, context, &reply));
+  // The trailer's write is the last message and also closes this side.
   const bool written = WriteModelFrames(
-      chunker,
-      [&](const grpc::ByteBuffer& frame) { return writer->Write(frame); });
-  if (written) writer->WritesDone();
+      chunker, [&](const grpc::ByteBuffer& frame, grpc::WriteOptions options) {
+        return writer->Write(frame, options);
+      });
   const grpc::Status status = writer->Finish();
   // An OK status with a reply means the peer decided, even if it stopped
   // reading early (e.g. it refused the header); the reply says why.
@@ -276,8 +284,9 @@ absl::StatusOr<Model> ReceiveModelStream(
 
 bool SendModelStream(grpc::ServerWriterInterface<grpc::ByteBuffer>* writer,
                      Chunker* chunker) {
-  return WriteModelFrames(chunker, [writer](const grpc::ByteBuffer& frame) {
-    return writer->Write(frame);
+  return WriteModelFrames(chunker, [writer](const grpc::ByteBuffer& frame,
+                                            grpc::WriteOptions options) {
+    return writer->Write(frame, options);
   });
 }
 

@@ -58,9 +58,12 @@ grpc::ByteBuffer EncodeTrailerFrame(const v1::ModelTrailer& trailer);
 absl::Status FeedFrame(grpc::ByteBuffer* frame, Assembler* assembler);
 
 // Writes every frame of `chunker` with `write`; false from `write` means the
-// stream broke (the caller learns why from the call's final status).
-bool WriteModelFrames(Chunker* chunker,
-                      absl::FunctionRef<bool(const grpc::ByteBuffer&)> write);
+// stream broke (the caller learns why from the call's final status). The
+// trailer's options mark it as the last message: on a client it leaves
+// together with the half-close, on a server with the call's status.
+bool WriteModelFrames(
+    Chunker* chunker,
+    absl::FunctionRef<bool(const grpc::ByteBuffer&, grpc::WriteOptions)> write);
 
 // Reads frames with `read` until it returns false, then finishes the model.
 absl::StatusOr<Model> ReadModelFrames(
