@@ -17,6 +17,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "persist/test_util.h"
 
 namespace swarm {
 namespace {
@@ -25,35 +26,10 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class TempDir {
+// A scratch directory, removed with its contents at the end of the test.
+class TempDir : public persist::testutil::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir();
-    if (pattern.empty() || pattern.back() != '/') pattern += '/';
-    pattern += "swarm_job_config_XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << pattern;
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
-  std::string Write(const std::string& name, const std::string& contents) {
-    std::string file = path_ + "/" + name;
-    FILE* f = fopen(file.c_str(), "wb");
-    EXPECT_NE(f, nullptr) << file;
-    if (f == nullptr) return file;
-    EXPECT_EQ(fwrite(contents.data(), 1, contents.size(), f), contents.size());
-    EXPECT_EQ(fclose(f), 0);
-    return file;
-  }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("swarm_job_config") {}
 };
 
 // Three sites, five rounds, everything else default.

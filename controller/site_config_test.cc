@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "persist/test_util.h"
 
 namespace swarm {
 namespace {
@@ -16,35 +17,10 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-class TempDir {
+// A scratch directory, removed with its contents at the end of the test.
+class TempDir : public persist::testutil::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir();
-    if (pattern.empty() || pattern.back() != '/') pattern += '/';
-    pattern += "swarm_site_config_XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << pattern;
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
-  std::string Write(const std::string& name, const std::string& contents) {
-    std::string file = path_ + "/" + name;
-    FILE* f = fopen(file.c_str(), "wb");
-    EXPECT_NE(f, nullptr) << file;
-    if (f == nullptr) return file;
-    EXPECT_EQ(fwrite(contents.data(), 1, contents.size(), f), contents.size());
-    EXPECT_EQ(fclose(f), 0);
-    return file;
-  }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("swarm_site_config") {}
 };
 
 v1::SiteConfig Base() {

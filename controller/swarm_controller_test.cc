@@ -997,9 +997,7 @@ TEST(SimTest, AggregatorCutOffBrieflyRunsItsRoundOnceBack) {
   EXPECT_GE(RoundOpenedAt(sim, round) - RoundOpenedAt(sim, round - 1),
             absl::Seconds(5));
   ExpectExactRounds(
-      sim,
-      [&](uint32_t) { return all; },
-      all);
+      sim, [&](uint32_t) { return all; }, all);
 }
 
 TEST(SimTest, IsolatedTrainerIsNotWaitedForAndRejoinsAfterRecovery) {

@@ -22,6 +22,7 @@
 #include "gatherer/aggregator_kernels.h"
 #include "gatherer/aggregator_test_util.h"
 #include "gtest/gtest.h"
+#include "persist/test_util.h"
 
 namespace swarm {
 namespace {
@@ -32,17 +33,10 @@ using agg_test::Shared;
 using agg_test::Spec;
 using agg_test::StreamThrough;
 
-class TempDir {
+// A scratch directory, removed with its contents at the end of the test.
+class TempDir : public persist::testutil::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/aggregator_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("aggregator_test") {}
 };
 
 std::vector<TensorSpec> BaseSpecs() {

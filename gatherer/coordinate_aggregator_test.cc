@@ -11,6 +11,7 @@
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_test_util.h"
 #include "gtest/gtest.h"
+#include "persist/test_util.h"
 
 namespace swarm {
 namespace {
@@ -23,25 +24,10 @@ using agg_test::Shared;
 using agg_test::Spec;
 using agg_test::StreamThrough;
 
-class TempDir {
+// A scratch directory, removed with its contents at the end of the test.
+class TempDir : public persist::testutil::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/coordinate_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  int CountFiles() const {
-    int n = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(path_)) {
-      (void)entry;
-      ++n;
-    }
-    return n;
-  }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("coordinate_test") {}
 };
 
 std::vector<TensorSpec> MixedSpecs() {

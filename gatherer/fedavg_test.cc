@@ -14,6 +14,7 @@
 #include "gatherer/aggregator_kernels.h"
 #include "gatherer/aggregator_test_util.h"
 #include "gtest/gtest.h"
+#include "persist/test_util.h"
 
 namespace swarm {
 namespace {
@@ -27,25 +28,10 @@ using agg_test::Shared;
 using agg_test::Spec;
 using agg_test::StreamThrough;
 
-class TempDir {
+// A scratch directory, removed with its contents at the end of the test.
+class TempDir : public persist::testutil::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "/fedavg_test.XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  int CountFiles() const {
-    int n = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(path_)) {
-      (void)entry;
-      ++n;
-    }
-    return n;
-  }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("fedavg_test") {}
 };
 
 // Several tensors of `dtype` with awkward sizes, a scalar, an empty tensor.

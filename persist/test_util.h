@@ -1,10 +1,11 @@
-// Helpers for persist/ tests only.
+// Helpers for tests that use files: a scratch directory and raw writes.
 #ifndef SWARM_PERSIST_TEST_UTIL_H_
 #define SWARM_PERSIST_TEST_UTIL_H_
 
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -18,10 +19,10 @@ namespace swarm::persist::testutil {
 // destruction.
 class ScopedTempDir {
  public:
-  ScopedTempDir() {
+  explicit ScopedTempDir(const std::string& prefix = "swarm_test") {
     std::string pattern = ::testing::TempDir();
     if (pattern.empty() || pattern.back() != '/') pattern += '/';
-    pattern += "swarm_persist_XXXXXX";
+    pattern += prefix + "_XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) {
       ADD_FAILURE() << "mkdtemp failed for " << pattern;
     }
@@ -38,6 +39,10 @@ class ScopedTempDir {
   std::string Child(const std::string& name) const {
     return path_ + "/" + name;
   }
+  // Writes `contents` to the file `name` in this directory; returns its path.
+  std::string Write(const std::string& name, const std::string& contents) const;
+  // How many entries the directory holds.
+  int CountFiles() const;
 
  private:
   std::string path_;
@@ -61,6 +66,21 @@ inline void WriteRaw(const std::string& path, const std::string& contents) {
   ASSERT_NE(f, nullptr) << path;
   ASSERT_EQ(fwrite(contents.data(), 1, contents.size(), f), contents.size());
   ASSERT_EQ(fclose(f), 0);
+}
+
+inline std::string ScopedTempDir::Write(const std::string& name,
+                                        const std::string& contents) const {
+  const std::string file = Child(name);
+  FILE* f = fopen(file.c_str(), "wb");
+  EXPECT_NE(f, nullptr) << file;
+  if (f == nullptr) return file;
+  EXPECT_EQ(fwrite(contents.data(), 1, contents.size(), f), contents.size());
+  EXPECT_EQ(fclose(f), 0);
+  return file;
+}
+
+inline int ScopedTempDir::CountFiles() const {
+  return static_cast<int>(ListNames(path_).size());
 }
 
 }  // namespace swarm::persist::testutil
