@@ -918,6 +918,17 @@ TEST(SimTest, LostAckOfTheAggregatorsTaskDoesNotFailTheJob) {
       sim, [&](uint32_t) { return AllTrainers(sim); }, all);
 }
 
+// The first round after round 0 whose elected aggregator differs from the
+// previous round's (so that its learn task crosses the network), or
+// `rounds` when there is none.
+uint32_t FirstRoundWithNewAggregator(Sim& sim, uint32_t rounds) {
+  uint32_t round = 1;
+  while (round < rounds && sim.Aggregator(round) == sim.Aggregator(round - 1)) {
+    ++round;
+  }
+  return round;
+}
+
 TEST(SimTest, IsolatedAggregatorFailsTheJobVisibly) {
   // Right after round r's election (its first learn task is on the wire),
   // the elected aggregator is cut off. Failover is future work: every other
@@ -925,10 +936,7 @@ TEST(SimTest, IsolatedAggregatorFailsTheJobVisibly) {
   // virtual time, instead of waiting forever.
   SimConfig config = Config(5, 4);
   Sim probe(config);
-  uint32_t round = 1;
-  while (round < 4 && probe.Aggregator(round) == probe.Aggregator(round - 1)) {
-    ++round;
-  }
+  const uint32_t round = FirstRoundWithNewAggregator(probe, 4);
   ASSERT_LT(round, 4u) << "no round changes aggregator; change the seed";
   Sim sim(config);
   const std::string aggregator = sim.Aggregator(round);
@@ -963,10 +971,7 @@ TEST(SimTest, AggregatorCutOffBrieflyRunsItsRoundOnceBack) {
   // completes with exact aggregates.
   SimConfig config = Config(5, 4);
   Sim probe(config);
-  uint32_t round = 1;
-  while (round < 4 && probe.Aggregator(round) == probe.Aggregator(round - 1)) {
-    ++round;
-  }
+  const uint32_t round = FirstRoundWithNewAggregator(probe, 4);
   ASSERT_LT(round, 4u) << "no round changes aggregator; change the seed";
   // Weights: 1 per site, 4 for the cut aggregator (a total of 8).
   const int cut_site = probe.Index(probe.Aggregator(round));
