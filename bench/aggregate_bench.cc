@@ -168,6 +168,24 @@ struct RunResult {
   double finish_seconds = 0;
 };
 
+// Adds result `r` (sample count 1000 + 100 r), timed into `run`.
+void TimedAdd(Aggregator* aggregator, const Model& result, int r,
+              RunResult* run) {
+  const Clock::time_point start = Clock::now();
+  OrDie(aggregator->Add(result, 1000 + 100 * r, v1::PAYLOAD_KIND_FULL_WEIGHTS));
+  const double add = Seconds(start);
+  run->add_seconds += add;
+  run->seconds += add;
+}
+
+// Finishes the aggregate, timed into `run`.
+void TimedFinish(Aggregator* aggregator, RunResult* run) {
+  const Clock::time_point start = Clock::now();
+  Model next = OrDie(aggregator->Finish());
+  run->finish_seconds = Seconds(start);
+  run->seconds += run->finish_seconds;
+}
+
 // Streams `n` results through the aggregator's sink chunk by chunk and adds
 // each; see the file comment for what is timed.
 RunResult RunThroughSinks(const Config& config,
@@ -199,17 +217,9 @@ RunResult RunThroughSinks(const Config& config,
       }
     }
     Model result = OrDie(sink->Finish());
-    start = Clock::now();
-    OrDie(
-        aggregator->Add(result, 1000 + 100 * r, v1::PAYLOAD_KIND_FULL_WEIGHTS));
-    const double add = Seconds(start);
-    run.add_seconds += add;
-    run.seconds += add;
+    TimedAdd(aggregator.get(), result, r, &run);
   }
-  start = Clock::now();
-  Model next = OrDie(aggregator->Finish());
-  run.finish_seconds = Seconds(start);
-  run.seconds += run.finish_seconds;
+  TimedFinish(aggregator.get(), &run);
   return run;
 }
 
@@ -230,17 +240,9 @@ RunResult RunUncheckedModels(const Config& config,
     for (size_t t = 0; t < specs.size(); ++t) {
       wire.Fill(result.mutable_tensor_data(t).data(), specs[t].byte_size, r);
     }
-    start = Clock::now();
-    OrDie(
-        aggregator->Add(result, 1000 + 100 * r, v1::PAYLOAD_KIND_FULL_WEIGHTS));
-    const double add = Seconds(start);
-    run.add_seconds += add;
-    run.seconds += add;
+    TimedAdd(aggregator.get(), result, r, &run);
   }
-  start = Clock::now();
-  Model next = OrDie(aggregator->Finish());
-  run.finish_seconds = Seconds(start);
-  run.seconds += run.finish_seconds;
+  TimedFinish(aggregator.get(), &run);
   return run;
 }
 
