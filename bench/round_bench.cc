@@ -399,7 +399,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
       v1::ConfigureRequest request;
-      request.set_sender("round_bench");
+      request.set_sender(kAdmin);
       *request.mutable_job() = job;
       v1::Reply reply;
       grpc::Status rpc = stubs[i]->Configure(&context, request, &reply);
@@ -415,7 +415,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
       v1::StartRequest request;
-      request.set_sender("round_bench");
+      request.set_sender(kAdmin);
       request.set_job_id(kJobId);
       v1::Reply reply;
       grpc::Status rpc = stubs[0]->Start(&context, request, &reply);
@@ -435,7 +435,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
             absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
         v1::StatusRequest request;
         request.set_job_id(kJobId);
-        request.set_sender("round_bench");
+        request.set_sender(kAdmin);
         request.set_wait_for_change_ms(version == 0 ? 0 : 5000);
         request.set_known_version(version);
         v1::StatusReply reply;

@@ -48,7 +48,14 @@ constexpr char kUsage[] =
     "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n";
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
-constexpr char kOperator[] = "swarmctl";
+
+// The name every request carries as its sender: the certificate's name under
+// TLS (sites refuse a request whose sender differs from it), "swarmctl"
+// without TLS. Set once in ChooseCredentials.
+std::string& Sender() {
+  static auto* sender = new std::string("swarmctl");
+  return *sender;
+}
 
 struct Args {
   std::string command;
@@ -125,7 +132,7 @@ int Start(const Args& args) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
     v1::ConfigureRequest request;
-    request.set_sender(kOperator);
+    request.set_sender(Sender());
     *request.mutable_job() = *job;
     v1::Reply reply;
     grpc::Status status =
@@ -148,7 +155,7 @@ int Start(const Args& args) {
   grpc::ClientContext context;
   SetDeadline(&context, kCallTimeout);
   v1::StartRequest request;
-  request.set_sender(kOperator);
+  request.set_sender(Sender());
   request.set_job_id(job->job_id());
   v1::Reply reply;
   grpc::Status status =
@@ -201,7 +208,7 @@ int Status(const Args& args) {
       SetDeadline(&context, absl::Seconds(3));
       v1::StatusRequest request;
       request.set_job_id(job->job_id());
-      request.set_sender(kOperator);
+      request.set_sender(Sender());
       v1::StatusReply reply;
       grpc::Status status =
           stubs[site.name()]->Status(&context, request, &reply);
@@ -268,7 +275,7 @@ int Abort(const Args& args) {
     SetDeadline(&context, kCallTimeout);
     v1::AbortRequest request;
     request.set_job_id(job->job_id());
-    request.set_sender(kOperator);
+    request.set_sender(Sender());
     if (args.values.count("reason") > 0)
       request.set_reason(args.values.at("reason"));
     v1::Reply reply;
@@ -308,7 +315,7 @@ int Fetch(const Args& args) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
     v1::StatusRequest request;
-    request.set_sender(kOperator);
+    request.set_sender(Sender());
     v1::StatusReply reply;
     grpc::Status status = stub->Status(&context, request, &reply);
     if (!status.ok()) {
@@ -320,7 +327,7 @@ int Fetch(const Args& args) {
   }
   v1::FetchModelRequest request;
   request.set_job_id(job_id);
-  request.set_sender(kOperator);
+  request.set_sender(Sender());
   request.set_which(which == "best" ? v1::MODEL_SELECTOR_BEST
                                     : v1::MODEL_SELECTOR_LAST);
   DiskSink sink(args.values.at("out"));
@@ -405,6 +412,7 @@ int ChooseCredentials(const Args& args) {
     return 2;
   }
   Credentials() = security::ClientCredentials(*identity);
+  Sender() = identity->name;
   return 0;
 }
 

@@ -328,7 +328,7 @@ void FakeNetwork::OpenStream(Stream& stream, SwarmController* target) {
     return;
   }
   if (admission->header_only) {
-    stream.reply = OkReply("failure noted");
+    stream.reply = OkReply(admission->reply_message);
     return;
   }
   stream.admission = std::move(*admission);

@@ -340,6 +340,7 @@ v1::Reply SwarmController::Configure(const v1::ConfigureRequest& request) {
   training_.reset();
   rounds_.clear();
   finals_.clear();
+  final_rounds_.clear();
   best_ = v1::BestRecord();
   best_model_.reset();
   current_global_.reset();
@@ -1248,45 +1249,50 @@ void SwarmController::FinishJob(uint32_t last_round,
                    FormatMetric(best), best.present() ? best.site() : "-",
                    best.round());
   }
-  auto send_last = [this, last, last_round, best](absl::Status status) {
+  // LAST first: it carries the final best record from this site, the one
+  // every site trusts for it, so that a BEST from another holder is then
+  // accepted on the strength of each site's own record (AdmitFinal).
+  auto send_best = [this, best_model, holder, best, last_round, targets,
+                    job_id](absl::Status status) {
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
-      ReportError("distributing BEST", status);
+      ReportError("distributing LAST", status);
     }
-    Broadcast(v1::MODEL_KIND_LAST, last, last_round, best,
-              [this](absl::Status s) {
-                if (s.ok()) return;
-                absl::MutexLock lock(&mu_);
-                ReportError("distributing LAST", s);
-              });
+    auto report = [this](absl::Status s) {
+      if (s.ok()) return;
+      absl::MutexLock lock(&mu_);
+      ReportError("distributing BEST", s);
+    };
+    if (best_model != nullptr) {
+      Broadcast(v1::MODEL_KIND_BEST, best_model,
+                best.present() ? best.round() : last_round, best, report);
+      return;
+    }
+    if (!holder.has_value()) {
+      report(absl::NotFoundError(
+          absl::StrCat("best holder ", best.site(), " is not a site")));
+      return;
+    }
+    v1::ShareBestRequest request;
+    request.set_job_id(job_id);
+    request.set_sender(options_.site);
+    *request.mutable_best() = best;
+    for (const std::string& target : targets) request.add_targets(target);
+    const v1::SiteInfo to = *holder;
+    absl::Duration timeout;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!job_.has_value()) return;
+      timeout = Millis(job_->final_result_ack_timeout_ms());
+    }
+    CallWithRetry(
+        absl::StrCat("asking ", to.name(), " to share the best model"),
+        [this, to, request, timeout] {
+          return StatusFromReply(transport_->ShareBest(to, request, timeout));
+        },
+        report);
   };
-  if (best_model != nullptr) {
-    Broadcast(v1::MODEL_KIND_BEST, best_model,
-              best.present() ? best.round() : last_round, best, send_last);
-    return;
-  }
-  if (!holder.has_value()) {
-    send_last(absl::NotFoundError(
-        absl::StrCat("best holder ", best.site(), " is not a site")));
-    return;
-  }
-  v1::ShareBestRequest request;
-  request.set_job_id(job_id);
-  request.set_sender(options_.site);
-  *request.mutable_best() = best;
-  for (const std::string& target : targets) request.add_targets(target);
-  const v1::SiteInfo to = *holder;
-  absl::Duration timeout;
-  {
-    absl::MutexLock lock(&mu_);
-    timeout = Millis(job_->final_result_ack_timeout_ms());
-  }
-  CallWithRetry(
-      absl::StrCat("asking ", to.name(), " to share the best model"),
-      [this, to, request, timeout] {
-        return StatusFromReply(transport_->ShareBest(to, request, timeout));
-      },
-      send_last);
+  Broadcast(v1::MODEL_KIND_LAST, last, last_round, best, send_best);
 }
 
 v1::Reply SwarmController::ShareBest(const v1::ShareBestRequest& request) {
@@ -1401,7 +1407,13 @@ void SwarmController::Broadcast(v1::ModelKind kind,
 v1::Reply SwarmController::AcceptFinal(const v1::ModelHeader& header,
                                        std::shared_ptr<const Model> model) {
   finals_[header.kind()] = model;
-  if (header.kind() == v1::MODEL_KIND_BEST) best_ = header.best();
+  final_rounds_[header.kind()] = header.round();
+  // The record is taken only from the last round's aggregator (who closed
+  // the last round and so knows the final best); a BEST from the holder
+  // carries the record this site already has (AdmitFinal checked it).
+  if (header.sender() == LastRoundAggregator() || header.sender() == options_.site) {
+    best_ = header.best();
+  }
   Bump();
   SWARM_LOG_INFO("job %s: %s model of round %d received from %s",
                  header.job_id(),
@@ -1508,28 +1520,75 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitModel(
       if (!started_) {
         return absl::FailedPreconditionError("the job has not started here");
       }
-      // LAST comes from the last round's aggregator; BEST from the holder
-      // of the best model, or from that aggregator when it holds it.
-      const std::string last_aggregator = LastRoundAggregator();
-      const bool allowed =
-          header.sender() == last_aggregator ||
-          (header.kind() == v1::MODEL_KIND_BEST && header.best().present() &&
-           header.sender() == header.best().site());
-      if (!allowed) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            v1::ModelKind_Name(header.kind()), " from ", header.sender(),
-            " refused: final models come from the last round's aggregator ",
-            last_aggregator,
-            header.kind() == v1::MODEL_KIND_BEST ? " or the best model's holder"
-                                                 : ""));
-      }
-      return admission;
+      return AdmitFinal(header);
     }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("a stream of kind ", v1::ModelKind_Name(header.kind()),
                        " cannot be sent to a site"));
   }
+}
+
+absl::StatusOr<ModelAdmission> SwarmController::AdmitFinal(
+    const v1::ModelHeader& header) {
+  // Final models are accepted only from senders this site knows itself,
+  // never from what a header claims (design section 6): LAST from the last
+  // round's aggregator as this site elects it; BEST from that aggregator or
+  // from the best model's holder as this site's own record names it (the
+  // record came with the learn tasks and with the aggregator's LAST, which
+  // it sends first).
+  const std::string last_aggregator = LastRoundAggregator();
+  const bool from_aggregator = header.sender() == last_aggregator;
+  const bool from_holder = header.kind() == v1::MODEL_KIND_BEST &&
+                           best_.present() && header.sender() == best_.site();
+  if (!from_aggregator && !from_holder) {
+    const std::string holder =
+        best_.present() ? absl::StrCat(" or from the best model's holder ",
+                                       best_.site(), " (this site's record)")
+                        : std::string();
+    return absl::PermissionDeniedError(absl::StrCat(
+        v1::ModelKind_Name(header.kind()), " from ", header.sender(),
+        " refused: ",
+        header.kind() == v1::MODEL_KIND_LAST ? "LAST" : "BEST",
+        " comes only from the last round's aggregator ", last_aggregator,
+        header.kind() == v1::MODEL_KIND_BEST ? holder : std::string()));
+  }
+  if (from_holder && !from_aggregator &&
+      header.round() != best_.round()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "BEST of round ", header.round(), " from ", header.sender(),
+        " refused: this site's record names the model of round ",
+        best_.round()));
+  }
+  if (!started_) {
+    return absl::FailedPreconditionError("the job has not started here");
+  }
+  ModelAdmission admission;
+  if (state_ == v1::SITE_STATE_DONE) {
+    // An identical re-send (its acknowledgement was lost) is acknowledged
+    // without writing; anything else is refused.
+    auto it = final_rounds_.find(header.kind());
+    if (it != final_rounds_.end() && it->second == header.round()) {
+      admission.header_only = true;
+      admission.reply_message = absl::StrCat(
+          v1::ModelKind_Name(header.kind()), " of round ", header.round(),
+          " already stored");
+      return admission;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_->job_id(), " is done here; ",
+                     v1::ModelKind_Name(header.kind()), " of round ",
+                     header.round(), " refused"));
+  }
+  if (Terminal(state_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job is ", v1::SiteState_Name(state_)));
+  }
+  admission.assembler.limits = options_.limits;
+  admission.assembler.limits.max_model_bytes = std::min(
+      admission.assembler.limits.max_model_bytes, job_->max_model_bytes());
+  admission.assembler.expected_kind = header.kind();
+  return admission;
 }
 
 v1::Reply SwarmController::OnModel(const v1::ModelHeader& header,

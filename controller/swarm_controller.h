@@ -67,8 +67,10 @@ struct ModelAdmission {
   AssemblerOptions assembler;
   // Set for results: the aggregator's sink (validates while receiving).
   std::unique_ptr<TensorSink> sink;
-  // A failed result (header.failed()): no body to receive.
+  // No body to receive: a failed result (header.failed()), or a final model
+  // this site already stored. The reply is OK with `reply_message`.
   bool header_only = false;
+  std::string reply_message = "failure noted";
 };
 
 class SwarmController {
@@ -196,6 +198,8 @@ class SwarmController {
   void Broadcast(v1::ModelKind kind, std::shared_ptr<const Model> model,
                  uint32_t round, v1::BestRecord best,
                  std::function<void(absl::Status)> done);
+  absl::StatusOr<ModelAdmission> AdmitFinal(const v1::ModelHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -225,6 +229,8 @@ class SwarmController {
   std::shared_ptr<const Model> current_global_ ABSL_GUARDED_BY(mu_);
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
       ABSL_GUARDED_BY(mu_);
+  // The round of each final model stored (to acknowledge a re-send).
+  std::map<v1::ModelKind, uint32_t> final_rounds_ ABSL_GUARDED_BY(mu_);
   v1::SiteCounters counters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, double> metrics_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);

@@ -236,7 +236,7 @@ v1::Reply Configure(LocalSwarm& swarm, const std::string& site,
   grpc::ClientContext context;
   SetDeadline(&context);
   v1::ConfigureRequest request;
-  request.set_sender("integration-test");
+  request.set_sender("admin");
   *request.mutable_job() = job;
   v1::Reply reply;
   grpc::Status status = swarm.Stub(site).Configure(&context, request, &reply);
@@ -267,7 +267,7 @@ TEST(SiteRefusalTest, StartWithoutConfiguration) {
   grpc::ClientContext context;
   SetDeadline(&context);
   v1::StartRequest request;
-  request.set_sender("integration-test");
+  request.set_sender("admin");
   request.set_job_id("some-job");
   v1::Reply reply;
   grpc::Status status = swarm.Stub("site-a").Start(&context, request, &reply);

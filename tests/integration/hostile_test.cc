@@ -886,6 +886,84 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
   std::fprintf(stderr, "[ hostile ] job done in %s\n",
                absl::FormatDuration(absl::Now() - started).c_str());
 
+  // --- After the job: mallory, a genuine site that neither aggregated the
+  // last round nor holds the best model, forges a BEST naming itself the
+  // holder with a perfect metric. Every site refuses it by its own record,
+  // and best.safetensors stays as it was.
+  {
+    SCOPED_TRACE("forged BEST");
+    const std::string last_aggregator = ElectionOrder(*loaded, kRounds - 1)[0];
+    std::map<std::string, std::string> best_before;
+    for (const Honest& site : honest) {
+      persist::Workspace workspace(swarm.site(site.name).workspace);
+      absl::StatusOr<std::string> bytes =
+          ReadBytes(workspace.BestModelPath(kJob));
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      best_before[site.name] = *bytes;
+    }
+    std::shared_ptr<const Model> model = RoundShapedModel(*task, 42.0f);
+    ASSERT_NE(model, nullptr);
+    v1::ModelHeader header;
+    header.set_kind(v1::MODEL_KIND_BEST);
+    header.set_job_id(kJob);
+    header.set_round(kRounds - 1);
+    header.set_sender(kMallory);
+    v1::BestRecord* forged = header.mutable_best();
+    forged->set_present(true);
+    forged->set_site(kMallory);
+    forged->set_round(kRounds - 1);
+    forged->set_metric(1.0);
+    Frames f = MakeFrames(model, header);
+    for (const Honest& site : honest) {
+      SCOPED_TRACE(site.name);
+      StreamOutcome out =
+          SendFrames(MalloryChannel(site.name).get(), "FinalResult",
+                     {f.header, f.chunks[0], f.chunks[1], f.trailer});
+      EXPECT_EQ(out.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << out.status.error_message() << " " << out.reply.ShortDebugString();
+      EXPECT_THAT(out.status.error_message(),
+                  HasSubstr(absl::StrCat(
+                      "MODEL_KIND_BEST from mallory refused: BEST comes only "
+                      "from the last round's aggregator ",
+                      last_aggregator)));
+      persist::Workspace workspace(swarm.site(site.name).workspace);
+      absl::StatusOr<std::string> bytes =
+          ReadBytes(workspace.BestModelPath(kJob));
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_TRUE(*bytes == best_before[site.name])
+          << "best.safetensors of " << site.name << " was overwritten";
+    }
+  }
+
+  // --- The sender rule: every request's sender must be the certificate's
+  // name, a Status call as much as a submission.
+  {
+    SCOPED_TRACE("sender rule");
+    auto status_as = [&](const std::string& identity, const std::string& role,
+                         const std::string& sender) {
+      std::unique_ptr<v1::Peer::Stub> stub =
+          swarm.StubAs("site-1", identity, role);
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::StatusRequest request;
+      request.set_sender(sender);
+      v1::StatusReply reply;
+      return stub->Status(&context, request, &reply);
+    };
+    grpc::Status claimed = status_as("site-2", security::kSiteRole, "site-3");
+    EXPECT_EQ(claimed.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(claimed.error_message(),
+                HasSubstr("sender \"site-3\" does not match the certificate "
+                          "of \"site-2\""));
+    grpc::Status admin = status_as("admin", security::kAdminRole, "swarmctl");
+    EXPECT_EQ(admin.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(admin.error_message(),
+                HasSubstr("sender \"swarmctl\" does not match the "
+                          "certificate of \"admin\""));
+    EXPECT_TRUE(status_as("site-2", security::kSiteRole, "site-2").ok());
+    EXPECT_TRUE(status_as("admin", security::kAdminRole, "admin").ok());
+  }
+
   // --- Expected models: only the honest trainers count (equal weights).
   const double step = (0.125 + 0.375) / 2;
   std::vector<std::vector<float>> global(kRounds + 1,

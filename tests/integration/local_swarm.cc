@@ -281,7 +281,7 @@ absl::StatusOr<v1::StatusReply> LocalSwarm::Status(const std::string& name,
       absl::Seconds(10)));
   v1::StatusRequest request;
   request.set_job_id(job_id);
-  request.set_sender("integration-test");
+  request.set_sender("admin");
   request.set_wait_for_change_ms(wait_ms);
   request.set_known_version(known_version);
   v1::StatusReply reply;
