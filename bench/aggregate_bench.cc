@@ -44,8 +44,8 @@
 #include "absl/strings/string_view.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_kernels.h"
-#include "streaming/model.h"
-#include "streaming/tensor_sink.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
 
 namespace swarm {
 namespace {

@@ -67,7 +67,7 @@
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
 #include "security/provision.h"
-#include "security/tls.h"
+#include "rpc/tls.h"
 
 extern char** environ;
 

@@ -48,8 +48,8 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "security/certificates.h"
-#include "security/tls.h"
-#include "streaming/grpc_stream.h"
+#include "rpc/tls.h"
+#include "rpc/grpc_stream.h"
 
 namespace swarm {
 namespace {

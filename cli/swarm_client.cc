@@ -24,15 +24,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "controller/model_store.h"
-#include "controller/peer_client.h"
-#include "controller/peer_service.h"
-#include "controller/site_config.h"
+#include "rpc/peer_client.h"
+#include "rpc/peer_service.h"
+#include "config/site_config.h"
 #include "controller/swarm_controller.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
 #include "security/certificates.h"
-#include "security/tls.h"
-#include "streaming/grpc_stream.h"
+#include "rpc/tls.h"
+#include "rpc/grpc_stream.h"
 
 namespace swarm {
 namespace {

@@ -26,12 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "controller/job_config.h"
+#include "config/job_config.h"
 #include "proto/swarm.grpc.pb.h"
 #include "security/provision.h"
-#include "security/tls.h"
-#include "streaming/grpc_stream.h"
-#include "streaming/tensor_sink.h"
+#include "rpc/tls.h"
+#include "rpc/grpc_stream.h"
+#include "model/tensor_sink.h"
 
 namespace swarm {
 namespace {

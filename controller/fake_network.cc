@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "controller/model_receiver.h"
+#include "controller/replies.h"
+#include "model/tensor_sink.h"
 #include "streaming/assembler.h"
 #include "streaming/chunker.h"
-#include "streaming/tensor_sink.h"
 
 namespace swarm {
 namespace {
@@ -27,13 +29,6 @@ bool Matches(const CallMatcher& match, const CallRecord& record) {
 
 std::string OutcomeText(v1::Outcome outcome) {
   return outcome == v1::OUTCOME_OK ? "OK" : v1::Outcome_Name(outcome);
-}
-
-v1::Reply OkReply(std::string message) {
-  v1::Reply reply;
-  reply.set_outcome(v1::OUTCOME_OK);
-  reply.set_message(std::move(message));
-  return reply;
 }
 
 std::string Describe(const CallRecord& record) {
@@ -304,10 +299,8 @@ struct FakeNetwork::Stream {
   uint64_t chunk_size = 0;
   std::unique_ptr<Chunker> chunker;
   v1::ModelHeader sent;  // With the tensor table.
-  std::optional<ModelAdmission> admission;
-  MemorySink memory;
-  std::unique_ptr<Assembler> assembler;
-  absl::Status fed;
+  // The target's side of the stream.
+  std::unique_ptr<ModelReceiver> receiver;
   // Set once the target has answered (or the stream broke).
   std::optional<absl::StatusOr<v1::Reply>> reply;
 };
@@ -322,24 +315,16 @@ void FakeNetwork::OpenStream(Stream& stream, SwarmController* target) {
   }
   stream.chunker = std::move(*chunker);
   stream.sent = stream.chunker->header();
-  absl::StatusOr<ModelAdmission> admission = target->AdmitModel(stream.sent);
-  if (!admission.ok()) {
-    stream.reply = admission.status();  // The service refuses the stream.
-    return;
-  }
-  if (admission->header_only) {
-    stream.reply = OkReply(admission->reply_message);
-    return;
-  }
-  stream.admission = std::move(*admission);
-  TensorSink* sink = stream.admission->sink != nullptr
-                         ? stream.admission->sink.get()
-                         : &stream.memory;
-  stream.assembler =
-      std::make_unique<Assembler>(sink, std::move(stream.admission->assembler));
+  stream.receiver = std::make_unique<ModelReceiver>(target);
   v1::ModelFrame frame;
   *frame.mutable_header() = stream.sent;
-  stream.fed = stream.assembler->OnHeader(stream.sent, frame.ByteSizeLong());
+  absl::Status admitted =
+      stream.receiver->Begin(stream.sent, frame.ByteSizeLong());
+  if (!admitted.ok()) {
+    stream.reply = admitted;  // The service refuses the stream.
+  } else if (stream.receiver->answered()) {
+    stream.reply = stream.receiver->reply();
+  }
 }
 
 void FakeNetwork::FinishStream(Stream& stream, SwarmController* target) {
@@ -348,21 +333,25 @@ void FakeNetwork::FinishStream(Stream& stream, SwarmController* target) {
     const absl::Status broken = absl::UnavailableError(
         absl::StrCat("fake network: ", Describe(*stream.record),
                      ": connection lost mid-stream"));
-    stream.assembler->Abort(broken);
-    target->OnModel(stream.sent, stream.assembler->Finish());
+    stream.receiver->Receive([&](Assembler* assembler) {
+      assembler->Abort(broken);
+      return assembler->Finish();
+    });
     stream.reply = broken;
     return;
   }
-  while (stream.fed.ok()) {
-    std::optional<ChunkRef> chunk = stream.chunker->NextChunk();
-    if (!chunk.has_value()) {
-      stream.fed = stream.assembler->OnTrailer(stream.chunker->Trailer());
-      break;
+  stream.reply = stream.receiver->Receive([&](Assembler* assembler) {
+    absl::Status fed;
+    while (fed.ok()) {
+      std::optional<ChunkRef> chunk = stream.chunker->NextChunk();
+      if (!chunk.has_value()) {
+        fed = assembler->OnTrailer(stream.chunker->Trailer());
+        break;
+      }
+      fed = assembler->OnChunk(chunk->tensor_index, chunk->offset, chunk->data);
     }
-    stream.fed = stream.assembler->OnChunk(chunk->tensor_index, chunk->offset,
-                                           chunk->data);
-  }
-  stream.reply = target->OnModel(stream.sent, stream.assembler->Finish());
+    return assembler->Finish();
+  });
 }
 
 absl::StatusOr<v1::Reply> FakeNetwork::StreamCall(

@@ -10,9 +10,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "model/model.h"
 #include "persist/workspace.h"
 #include "proto/swarm.pb.h"
-#include "streaming/model.h"
 
 namespace swarm {
 

@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "model/model.h"
 #include "proto/swarm.pb.h"
-#include "streaming/model.h"
 
 namespace swarm {
 

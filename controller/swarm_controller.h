@@ -25,21 +25,25 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/admission.h"
+#include "controller/aggregation_round.h"
+#include "controller/job_view.h"
 #include "controller/model_store.h"
 #include "controller/peer_transport.h"
+#include "controller/retry_policy.h"
 #include "controller/task_runner.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/gatherer.h"
 #include "learner/learner.h"
+#include "model/model.h"
 #include "proto/swarm.pb.h"
 #include "streaming/assembler.h"
-#include "streaming/model.h"
 
 namespace swarm {
 
 // How long, and while what holds, an outgoing call is retried.
 struct CallRetryBudget {
-  // Retry at least until ControllerOptions::call_attempts attempts, and
+  // Retry at least ControllerOptions::retry.attempts attempts, and
   // further until this time.
   absl::Time until = absl::InfinitePast();
   // Checked before each retry; when false, the call ends CANCELLED.
@@ -49,12 +53,8 @@ struct CallRetryBudget {
 struct ControllerOptions {
   // This site's name (must be a site of the job it is configured with).
   std::string site;
-  // Attempts for one outgoing call before it counts as a failure, and the
-  // first backoff (doubled each attempt, with jitter): by default about 1.5 s
-  // of retrying, so a brief outage or an overloaded peer (RESOURCE_EXHAUSTED)
-  // does not end a job.
-  int call_attempts = 6;
-  absl::Duration first_backoff = absl::Milliseconds(50);
+  // How outgoing calls are retried (attempts, backoff).
+  RetryPolicy retry;
   // Seed of the backoff jitter; 0 draws one from std::random_device.
   // Simulations set it so that a run replays exactly.
   uint64_t jitter_seed = 0;
@@ -121,32 +121,51 @@ class SwarmController {
   std::optional<v1::JobConfig> job() const;
 
  private:
-  struct AggregatorRound;
-  struct TrainingTask;
+  // One round this site aggregates, and whether it is being finished (taken
+  // out of the gathering rounds, its FinishRound posted).
+  struct AggregatorRound {
+    std::unique_ptr<AggregationRound> round;
+    bool finishing = false;
+  };
+  // This site's training for one round, from the learn task to the
+  // submission.
+  struct TrainingTask {
+    uint32_t round = 0;
+    std::shared_ptr<const Model> global;
+    std::string aggregator;
+    std::atomic<bool> cancel{false};
+    absl::Time asking_since;
+    v1::ModelHeader result_header;
+    std::shared_ptr<const Model> result;
+  };
+
+  static std::string FormatMetric(const v1::BestRecord& best);
 
   // Refuses a request naming another job (or none configured).
   absl::Status CheckJob(absl::string_view job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsTrainer(absl::string_view site) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsCandidate(absl::string_view site) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const v1::SiteInfo* Site(absl::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The aggregator of the job's last round (who distributes LAST).
-  std::string LastRoundAggregator() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A learn task must name the elected aggregator of its round and come from
-  // the previous round's aggregator (the starting site for the first round).
-  absl::Status CheckLearnTaskSender(const v1::ModelHeader& header) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(v1::SiteState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::SiteCounters Counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every round this site aggregates (abort, failure), keeping their
+  // counts.
+  void DropRounds() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReportError(absl::string_view what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(absl::string_view what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Bump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stamps a snapshot of the state file and posts its write (see
+  // WritePendingState).
   void PersistState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the newest snapshot not yet written. REQUIRES: mu_ not held (it
+  // fsyncs).
+  void WritePendingState()
+      ABSL_LOCKS_EXCLUDED(mu_, write_mu_, pending_state_mu_);
   v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -159,6 +178,12 @@ class SwarmController {
   // Scatter (design step 1): sends round `round`'s learn task with `global`.
   void Scatter(uint32_t round, std::shared_ptr<const Model> global,
                v1::BestRecord best);
+  // Sends `header`'s learn task to trainer `target` (this site: accepted
+  // locally), with retries; then `answered(acknowledged)`.
+  void SendLearnTaskToTrainer(const std::string& target,
+                              const v1::ModelHeader& header,
+                              std::shared_ptr<const Model> global,
+                              std::function<void(bool)> answered);
   void SendLearnTaskToAggregator(uint32_t round, std::string aggregator,
                                  std::vector<std::string> backups,
                                  std::shared_ptr<const Model> global,
@@ -170,15 +195,22 @@ class SwarmController {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunTraining(std::shared_ptr<TrainingTask> task);
   void AskToSubmit(std::shared_ptr<TrainingTask> task);
+  // The aggregator answered `task`'s request with something other than a
+  // grant (or could not be asked): ask again later, or give up.
+  void OnPermissionRefused(
+      std::shared_ptr<TrainingTask> task,
+      const absl::StatusOr<v1::SubmitPermissionReply>& reply,
+      uint64_t version_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubmitResult(std::shared_ptr<TrainingTask> task);
 
   // Aggregator side.
   void OpenRound(const v1::ModelHeader& header,
                  std::shared_ptr<const Model> base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ArmRoundTimer(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the round if its gatherer is done; posts the aggregation.
-  void CheckRound(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acts on an aggregation round's report: arms its timer while it
+  // gathers, posts FinishRound once it is done (once).
+  void OnRoundReport(AggregatorRound& open, const RoundReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishRound(uint32_t round);
   // The gatherer that answers for `round`: that round's while it gathers,
   // else the latest open one (its rules handle late and early requests);
@@ -198,8 +230,6 @@ class SwarmController {
   void Broadcast(v1::ModelKind kind, std::shared_ptr<const Model> model,
                  uint32_t round, v1::BestRecord best,
                  std::function<void(absl::Status)> done);
-  absl::StatusOr<ModelAdmission> AdmitFinal(const v1::ModelHeader& header)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -211,16 +241,14 @@ class SwarmController {
   TaskRunner* const runner_;
 
   mutable absl::Mutex mu_;
-  std::optional<v1::JobConfig> job_ ABSL_GUARDED_BY(mu_);
-  v1::SiteState state_ ABSL_GUARDED_BY(mu_) = v1::SITE_STATE_IDLE;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // The configured job (null before the first Configure).
+  std::shared_ptr<const JobView> job_ ABSL_GUARDED_BY(mu_);
+  // This site's own record of the job: state, the tasks it accepted, the best
+  // record, the final models it stored (what Admission judges by).
+  SiteRecord record_ ABSL_GUARDED_BY(mu_);
   uint32_t round_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string round_aggregator_ ABSL_GUARDED_BY(mu_);
-  // Highest round whose learn task this site accepted (trainer or aggregator).
-  std::optional<uint32_t> last_task_round_ ABSL_GUARDED_BY(mu_);
-  v1::BestRecord best_ ABSL_GUARDED_BY(mu_);
   // The global model this site scored best as an aggregator (it is the
-  // holder of best_ when best_.site() is this site).
+  // holder of record_.best when record_.best.site() is this site).
   std::shared_ptr<const Model> best_model_ ABSL_GUARDED_BY(mu_);
   uint32_t best_model_round_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, std::unique_ptr<AggregatorRound>> rounds_
@@ -229,9 +257,11 @@ class SwarmController {
   std::shared_ptr<const Model> current_global_ ABSL_GUARDED_BY(mu_);
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
       ABSL_GUARDED_BY(mu_);
-  // The round of each final model stored (to acknowledge a re-send).
-  std::map<v1::ModelKind, uint32_t> final_rounds_ ABSL_GUARDED_BY(mu_);
+  // This site's own counters (rounds trained, rounds completed); the
+  // submission counters come from the aggregation rounds: the closed ones
+  // summed here, the open ones asked (Counters()).
   v1::SiteCounters counters_ ABSL_GUARDED_BY(mu_);
+  RoundCounters closed_rounds_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, double> metrics_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   absl::Time last_error_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -239,6 +269,14 @@ class SwarmController {
   uint64_t permission_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Local submission requests waiting for the next change (Bump).
   std::vector<std::function<void()>> permission_waiters_ ABSL_GUARDED_BY(mu_);
+
+  // The state file's writes, outside mu_ (WritePendingState). Lock order:
+  // write_mu_, then mu_, then pending_state_mu_.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(pending_state_mu_, mu_);
+  uint64_t written_state_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
+  absl::Mutex pending_state_mu_;
+  std::optional<v1::JobState> pending_state_ ABSL_GUARDED_BY(pending_state_mu_);
+  uint64_t pending_state_seq_ ABSL_GUARDED_BY(pending_state_mu_) = 0;
 
   absl::Mutex jitter_mu_;
   std::minstd_rand jitter_ ABSL_GUARDED_BY(jitter_mu_);

@@ -27,9 +27,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "controller/election.h"
+#include "config/election.h"
+#include "config/job_config.h"
 #include "controller/fake_network.h"
-#include "controller/job_config.h"
 #include "controller/model_store.h"
 #include "controller/task_runner.h"
 #include "gmock/gmock.h"
@@ -201,7 +201,7 @@ class Sim {
       }
       ControllerOptions controller_options;
       controller_options.site = site->name;
-      controller_options.call_attempts = config_.call_attempts;
+      controller_options.retry.attempts = config_.call_attempts;
       controller_options.jitter_seed = static_cast<uint64_t>(i) + 1;
       site->controller = std::make_unique<SwarmController>(
           controller_options, network_->TransportFor(site->name),

@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gatherer/aggregator.h"
-#include "streaming/model.h"
-#include "streaming/tensor_sink.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
 
 namespace swarm {
 namespace agg_internal {

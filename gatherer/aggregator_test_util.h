@@ -14,8 +14,8 @@
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_kernels.h"
 #include "gtest/gtest.h"
-#include "streaming/model.h"
-#include "streaming/tensor_sink.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
 
 namespace swarm {
 namespace agg_test {

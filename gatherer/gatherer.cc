@@ -272,6 +272,8 @@ PermissionDecision Gatherer::RequestToSubmit(absl::string_view trainer,
   state->slot = Slot::kGranted;
   state->granted_at = now;
   ++counters_.in_flight;
+  counters_.max_in_flight =
+      std::max(counters_.max_in_flight, counters_.in_flight);
   ++counters_.permissions_granted;
   return Permission(v1::OUTCOME_OK, PermissionCode::kGranted,
                     absl::StrCat("permission granted to ", trainer, late_note));

@@ -184,6 +184,7 @@ struct GathererCounters {
   uint64_t permissions_granted = 0;  // Slots handed out (not re-asks).
   uint64_t permission_retries = 0;   // RETRY answers.
   uint64_t in_flight = 0;            // Slots held now (granted or uploading).
+  uint64_t max_in_flight = 0;        // The most slots ever held at once.
   uint64_t accepted = 0;             // This round's results counted.
   uint64_t late_accepted = 0;        // Earlier rounds' results completed.
   uint64_t failed = 0;               // Slots released by FailResult().

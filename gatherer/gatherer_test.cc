@@ -749,6 +749,7 @@ TEST(GathererTest, Counters) {
   EXPECT_EQ(g->counters().permissions_granted, 2u);
   EXPECT_EQ(g->counters().permission_retries, 1u);
   EXPECT_EQ(g->counters().in_flight, 2u);
+  EXPECT_EQ(g->counters().max_in_flight, 2u);
   EXPECT_EQ(g->counters().rejected, 1u);
 
   EXPECT_TRUE(g->BeginResult("a", kRound, kOpen + S(1)).ok());
@@ -774,6 +775,7 @@ TEST(GathererTest, Counters) {
   EXPECT_EQ(g->counters().expired, 1u);
   EXPECT_EQ(g->counters().in_flight, 0u);
   EXPECT_EQ(g->counters().permissions_granted, 4u);
+  EXPECT_EQ(g->counters().max_in_flight, 2u);  // The most held at once.
 }
 
 TEST(GathererTest, ClampsSettings) {

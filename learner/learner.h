@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/swarm.pb.h"
-#include "streaming/model.h"
+#include "model/model.h"
 
 namespace swarm {
 

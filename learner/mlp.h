@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "learner/fashion_mnist.h"
-#include "streaming/model.h"
+#include "model/model.h"
 
 namespace swarm {
 

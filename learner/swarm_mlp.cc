@@ -50,7 +50,7 @@
 #include "learner/fashion_mnist.h"
 #include "learner/mlp.h"
 #include "learner/mlp_learner.h"
-#include "streaming/model.h"
+#include "model/model.h"
 
 namespace swarm {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "controller/validation.h"
+#include "config/validation.h"
 #include "persist/atomic_file.h"
 
 namespace swarm::security {

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "persist/atomic_file.h"
-#include "security/tls.h"
+#include "security/identity.h"
 
 namespace swarm::security {
 namespace {

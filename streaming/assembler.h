@@ -23,8 +23,8 @@
 #include "absl/strings/string_view.h"
 #include "proto/swarm.pb.h"
 #include "streaming/digest.h"
-#include "streaming/model.h"
-#include "streaming/tensor_sink.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
 
 namespace swarm {
 

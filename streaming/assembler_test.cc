@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "streaming/chunker.h"
-#include "streaming/test_models.h"
+#include "model/test_models.h"
 
 namespace swarm {
 namespace {

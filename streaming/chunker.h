@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/swarm.pb.h"
 #include "streaming/digest.h"
-#include "streaming/model.h"
+#include "model/model.h"
 
 namespace swarm {
 

@@ -2,7 +2,7 @@
 
 #include "gtest/gtest.h"
 #include "streaming/digest.h"
-#include "streaming/test_models.h"
+#include "model/test_models.h"
 
 namespace swarm {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "streaming/assembler.h"
-#include "streaming/grpc_stream.h"
+#include "rpc/grpc_stream.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   swarm::MemorySink sink;

@@ -2,8 +2,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "controller/election.h"
-#include "controller/job_config.h"
+#include "config/election.h"
+#include "config/job_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view json(reinterpret_cast<const char*>(data), size);

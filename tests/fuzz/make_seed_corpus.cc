@@ -7,7 +7,7 @@
 
 #include "persist/safetensors.h"
 #include "streaming/chunker.h"
-#include "streaming/grpc_stream.h"
+#include "rpc/grpc_stream.h"
 
 namespace {
 

@@ -20,11 +20,11 @@
 #include "absl/strings/substitute.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "controller/peer_client.h"
+#include "rpc/peer_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/swarm.grpc.pb.h"
-#include "streaming/model.h"
+#include "model/model.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {
@@ -424,6 +424,7 @@ TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
     grpc::ClientContext context;
     SetDeadline(&context);
     v1::StartRequest request;
+    request.set_sender("admin");
     request.set_job_id(other);
     v1::Reply reply;
     ASSERT_TRUE(stub.Start(&context, request, &reply).ok());
@@ -434,6 +435,7 @@ TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
     grpc::ClientContext context;
     SetDeadline(&context);
     v1::AbortRequest request;
+    request.set_sender("admin");
     request.set_job_id(other);
     v1::Reply reply;
     ASSERT_TRUE(stub.Abort(&context, request, &reply).ok());
@@ -471,6 +473,7 @@ TEST_F(FakeAggregatorTest, RefusesEveryCallForAnotherJob) {
     grpc::ClientContext context;
     SetDeadline(&context);
     v1::FetchModelRequest request;
+    request.set_sender("admin");
     request.set_job_id(other);
     request.set_which(v1::MODEL_SELECTOR_LAST);
     std::unique_ptr<grpc::ClientReader<v1::ModelFrame>> reader =

@@ -20,12 +20,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "controller/election.h"
-#include "controller/job_config.h"
+#include "config/election.h"
+#include "config/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "persist/workspace.h"
-#include "streaming/model.h"
+#include "model/model.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {

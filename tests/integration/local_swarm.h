@@ -24,7 +24,7 @@
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
 #include "security/certificates.h"
-#include "security/tls.h"
+#include "rpc/tls.h"
 #include "tests/integration/process.h"
 
 namespace swarm::testing {

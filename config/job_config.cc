@@ -1,0 +1,328 @@
+#include "config/job_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "config/validation.h"
+
+namespace swarm {
+namespace {
+
+// Checks a list of site names (trainers, aggregator_candidates): each a site
+// of the job, none twice.
+void CheckSiteList(const v1::JobConfig& config, absl::string_view field,
+                   const google::protobuf::RepeatedPtrField<std::string>& list,
+                   std::vector<std::string>* errors) {
+  absl::flat_hash_map<std::string, int> seen;
+  for (int i = 0; i < list.size(); ++i) {
+    const std::string& name = list[i];
+    if (FindSite(config, name) == nullptr) {
+      errors->push_back(
+          absl::StrFormat("%s[%d]: \"%s\" is not a site of the job", field, i,
+                          absl::CHexEscape(name)));
+    }
+    auto [it, inserted] = seen.emplace(name, i);
+    if (!inserted) {
+      errors->push_back(
+          absl::StrFormat("%s[%d]: \"%s\" is listed twice (also %s[%d])", field,
+                          i, absl::CHexEscape(name), field, it->second));
+    }
+  }
+}
+
+bool InList(const google::protobuf::RepeatedPtrField<std::string>& list,
+            absl::string_view name) {
+  for (const std::string& entry : list) {
+    if (entry == name) return true;
+  }
+  return false;
+}
+
+void AddIfError(const absl::Status& status, std::vector<std::string>* errors) {
+  if (!status.ok()) errors->push_back(std::string(status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> ParseJobConfigJson(absl::string_view json) {
+  v1::JobConfig config;
+  absl::Status status = ParseJsonConfig(json, &config);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job config: ", status.message()));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::JobConfig> ReadJobConfigFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadConfigFile(path, "job config");
+  if (!text.ok()) return text.status();
+  v1::JobConfig config;
+  absl::Status status = ParseJsonConfig(*text, &config);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job config ", path, ": ", status.message()));
+  }
+  return config;
+}
+
+v1::JobConfig WithDefaults(v1::JobConfig c) {
+  if (c.trainers().empty()) {
+    for (const v1::SiteInfo& site : c.sites()) c.add_trainers(site.name());
+  }
+  if (c.aggregator_candidates().empty()) {
+    for (const v1::SiteInfo& site : c.sites()) {
+      c.add_aggregator_candidates(site.name());
+    }
+  }
+  if (c.starting_site().empty() && !c.sites().empty()) {
+    c.set_starting_site(c.sites(0).name());
+  }
+  if (c.min_responses_required() == 0) {
+    c.set_min_responses_required(static_cast<uint32_t>(c.trainers_size()));
+  }
+  auto fill = [](uint64_t value, uint64_t fallback) {
+    return value == 0 ? fallback : value;
+  };
+  c.set_wait_after_min_responses_ms(
+      fill(c.wait_after_min_responses_ms(), kDefaultWaitAfterMinResponsesMs));
+  c.set_round_timeout_ms(fill(c.round_timeout_ms(), kDefaultRoundTimeoutMs));
+  if (c.max_concurrent_submissions() == 0) {
+    c.set_max_concurrent_submissions(kDefaultMaxConcurrentSubmissions);
+  }
+  c.set_request_to_submit_interval_ms(fill(c.request_to_submit_interval_ms(),
+                                           kDefaultRequestToSubmitIntervalMs));
+  c.set_request_to_submit_max_wait_ms(fill(c.request_to_submit_max_wait_ms(),
+                                           kDefaultRequestToSubmitMaxWaitMs));
+  c.set_request_to_submit_message_timeout_ms(
+      fill(c.request_to_submit_message_timeout_ms(),
+           kDefaultRequestToSubmitMessageTimeoutMs));
+  c.set_final_result_ack_timeout_ms(
+      fill(c.final_result_ack_timeout_ms(), kDefaultFinalResultAckTimeoutMs));
+  c.set_learn_task_ack_timeout_ms(
+      fill(c.learn_task_ack_timeout_ms(), kDefaultLearnTaskAckTimeoutMs));
+  if (c.aggregation_method() == v1::AGGREGATION_TRIMMED_MEAN &&
+      c.trim_fraction() == 0) {
+    c.set_trim_fraction(kDefaultTrimFraction);
+  }
+  if (c.metric_name().empty()) c.set_metric_name(kDefaultMetricName);
+  c.set_chunk_size(fill(c.chunk_size(), kDefaultChunkSize));
+  c.set_max_model_bytes(fill(c.max_model_bytes(), kDefaultMaxModelBytes));
+  return c;
+}
+
+namespace {
+
+// The parts of ValidateJobConfig: each appends "field: problem" messages.
+// `c` has its defaults applied; `given` is the config as written.
+void CheckSites(const v1::JobConfig& c, std::vector<std::string>* errors) {
+  // Sites.
+  if (c.sites().empty()) {
+    errors->push_back("sites: at least one site is required");
+  }
+  absl::flat_hash_map<std::string, int> names;
+  absl::flat_hash_map<std::string, int> addresses;
+  for (int i = 0; i < c.sites_size(); ++i) {
+    const v1::SiteInfo& site = c.sites(i);
+    absl::Status name_status =
+        ValidateName(absl::StrFormat("sites[%d].name", i), site.name());
+    AddIfError(name_status, errors);
+    if (name_status.ok()) {
+      auto [it, inserted] = names.emplace(site.name(), i);
+      if (!inserted) {
+        errors->push_back(absl::StrFormat(
+            "sites[%d].name: \"%s\" is used twice (also sites[%d])", i,
+            site.name(), it->second));
+      }
+    }
+    absl::Status address_status = ValidateHostPort(
+        absl::StrFormat("sites[%d].address", i), site.address());
+    AddIfError(address_status, errors);
+    if (address_status.ok()) {
+      auto [it, inserted] =
+          addresses.emplace(absl::AsciiStrToLower(site.address()), i);
+      if (!inserted) {
+        errors->push_back(absl::StrFormat(
+            "sites[%d].address: \"%s\" is used twice (also sites[%d])", i,
+            site.address(), it->second));
+      }
+    }
+    for (int j = 0; j < site.extra_sans_size(); ++j) {
+      if (site.extra_sans(j).empty()) {
+        errors->push_back(
+            absl::StrFormat("sites[%d].extra_sans[%d]: empty", i, j));
+      }
+    }
+  }
+}
+
+void CheckRoles(const v1::JobConfig& c, const v1::JobConfig& given,
+                std::vector<std::string>* errors) {
+  // Roles. A list that defaulted to all sites is not checked entry by entry:
+  // problems with the sites themselves are reported above.
+  if (c.trainers().empty()) {
+    errors->push_back("trainers: at least one trainer is required");
+  } else if (!given.trainers().empty()) {
+    CheckSiteList(c, "trainers", c.trainers(), errors);
+  }
+  if (c.aggregator_candidates().empty()) {
+    errors->push_back(
+        "aggregator_candidates: at least one candidate is required");
+  } else if (!given.aggregator_candidates().empty()) {
+    CheckSiteList(c, "aggregator_candidates", c.aggregator_candidates(),
+                  errors);
+  }
+  if (!c.starting_site().empty() && FindSite(c, c.starting_site()) == nullptr) {
+    errors->push_back(
+        absl::StrFormat("starting_site: \"%s\" is not a site of the job",
+                        absl::CHexEscape(c.starting_site())));
+  }
+}
+
+void CheckRoundsAndDurations(const v1::JobConfig& c,
+                             std::vector<std::string>* errors) {
+  // Rounds.
+  if (c.num_rounds() < 1) {
+    errors->push_back("num_rounds: rounds must be at least 1");
+  } else if (static_cast<uint64_t>(c.start_round()) + c.num_rounds() - 1 >
+             std::numeric_limits<uint32_t>::max()) {
+    errors->push_back(absl::StrFormat(
+        "num_rounds: start_round %d + num_rounds %d goes past the last round "
+        "number %d",
+        c.start_round(), c.num_rounds(), std::numeric_limits<uint32_t>::max()));
+  }
+  if (c.min_responses_required() > static_cast<uint32_t>(c.trainers_size())) {
+    errors->push_back(absl::StrFormat(
+        "min_responses_required: %d is more than the number of trainers (%d)",
+        c.min_responses_required(), c.trainers_size()));
+  }
+
+  // Durations.
+  const struct {
+    const char* field;
+    uint64_t value;
+  } durations[] = {
+      {"wait_after_min_responses_ms", c.wait_after_min_responses_ms()},
+      {"round_timeout_ms", c.round_timeout_ms()},
+      {"request_to_submit_interval_ms", c.request_to_submit_interval_ms()},
+      {"request_to_submit_max_wait_ms", c.request_to_submit_max_wait_ms()},
+      {"request_to_submit_message_timeout_ms",
+       c.request_to_submit_message_timeout_ms()},
+      {"final_result_ack_timeout_ms", c.final_result_ack_timeout_ms()},
+      {"learn_task_ack_timeout_ms", c.learn_task_ack_timeout_ms()},
+  };
+  for (const auto& d : durations) {
+    if (d.value > kMaxDurationMs) {
+      errors->push_back(
+          absl::StrFormat("%s: %d ms is more than 30 days (%d ms)", d.field,
+                          d.value, kMaxDurationMs));
+    }
+  }
+}
+
+void CheckAggregationAndTransfer(const v1::JobConfig& c,
+                                 std::vector<std::string>* errors) {
+  // Aggregation and metric.
+  if (!v1::AggregationMethod_IsValid(c.aggregation_method())) {
+    errors->push_back(absl::StrFormat("aggregation_method: unknown value %d",
+                                      c.aggregation_method()));
+  }
+  if (!(c.trim_fraction() >= 0.0 && c.trim_fraction() < 0.5)) {
+    errors->push_back(absl::StrFormat("trim_fraction: %g is not in [0, 0.5)",
+                                      c.trim_fraction()));
+  }
+  if (c.metric_name().empty()) {
+    errors->push_back("metric_name: empty");
+  }
+  if (!v1::MetricDirection_IsValid(c.metric_direction())) {
+    errors->push_back(absl::StrFormat("metric_direction: unknown value %d",
+                                      c.metric_direction()));
+  }
+
+  // Transfer.
+  if (c.chunk_size() < kMinChunkSize || c.chunk_size() > kMaxChunkSize) {
+    errors->push_back(absl::StrFormat(
+        "chunk_size: %d is not in [%d, %d] bytes (4 KiB .. 64 MiB)",
+        c.chunk_size(), kMinChunkSize, kMaxChunkSize));
+  }
+  if (c.max_model_bytes() < kMinMaxModelBytes) {
+    errors->push_back(
+        absl::StrFormat("max_model_bytes: %d is less than %d bytes (1 KiB)",
+                        c.max_model_bytes(), kMinMaxModelBytes));
+  }
+  if (!v1::DigestAlgorithm_IsValid(c.digest_algorithm())) {
+    errors->push_back(absl::StrFormat("digest_algorithm: unknown value %d",
+                                      c.digest_algorithm()));
+  }
+
+  for (const auto& [key, value] : c.learner_params()) {
+    if (key.empty()) errors->push_back("learner_params: empty key");
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& config) {
+  const v1::JobConfig c = WithDefaults(config);
+  std::vector<std::string> errors;
+  AddIfError(ValidateName("job_id", c.job_id()), &errors);
+  CheckSites(c, &errors);
+  CheckRoles(c, config, &errors);
+  CheckRoundsAndDurations(c, &errors);
+  CheckAggregationAndTransfer(c, &errors);
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid job config: ", absl::StrJoin(errors, "; ")));
+}
+
+absl::StatusOr<v1::JobConfig> LoadJobConfig(const std::string& path) {
+  absl::StatusOr<v1::JobConfig> parsed = ReadJobConfigFile(path);
+  if (!parsed.ok()) return parsed.status();
+  v1::JobConfig config = WithDefaults(*std::move(parsed));
+  absl::Status status = ValidateJobConfig(config);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid job config ", path, ": ",
+        absl::StripPrefix(status.message(), "invalid job config: ")));
+  }
+  return config;
+}
+
+const v1::SiteInfo* FindSite(const v1::JobConfig& config,
+                             absl::string_view name) {
+  for (const v1::SiteInfo& site : config.sites()) {
+    if (site.name() == name) return &site;
+  }
+  return nullptr;
+}
+
+bool IsTrainer(const v1::JobConfig& config, absl::string_view site) {
+  if (config.trainers().empty()) return FindSite(config, site) != nullptr;
+  return InList(config.trainers(), site);
+}
+
+bool IsCandidate(const v1::JobConfig& config, absl::string_view site) {
+  if (config.aggregator_candidates().empty()) {
+    return FindSite(config, site) != nullptr;
+  }
+  return InList(config.aggregator_candidates(), site);
+}
+
+absl::Duration Millis(uint64_t ms) {
+  if (ms > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InfiniteDuration();
+  }
+  return absl::Milliseconds(static_cast<int64_t>(ms));
+}
+
+}  // namespace swarm

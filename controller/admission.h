@@ -1,0 +1,74 @@
+// Admission: the header checks every incoming model stream passes before its
+// body is received (design sections 3 and 6), judged only by the job and this
+// site's own record, never by what the header claims about its sender. Pure:
+// no clock, no I/O, no locks; the caller passes a snapshot of its record.
+//
+// What it does not judge: that the sender is who it says (the transport
+// checks the certificate first), and whether a result fits the round being
+// gathered (the aggregation round's rules decide that next).
+#ifndef SWARM_CONTROLLER_ADMISSION_H_
+#define SWARM_CONTROLLER_ADMISSION_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "controller/job_view.h"
+#include "proto/swarm.pb.h"
+
+namespace swarm {
+
+// What this site itself knows about the job it runs.
+struct SiteRecord {
+  // This site's name.
+  std::string self;
+  v1::SiteState state = v1::SITE_STATE_IDLE;
+  // The job started here (this site started it, or a learn task came).
+  bool started = false;
+  // The highest round whose learn task this site accepted, and the
+  // aggregator that task named.
+  std::optional<uint32_t> last_task_round;
+  std::string round_aggregator;
+  // The best-so-far record from the learn tasks this site accepted, from its
+  // own aggregation, and from the last round's aggregator's final message.
+  v1::BestRecord best;
+  // The round of each final model (BEST, LAST) this site stored.
+  std::map<v1::ModelKind, uint32_t> final_rounds;
+};
+
+// Whether `state` ends the job at this site.
+bool IsTerminal(v1::SiteState state);
+
+// How to go on with an admitted stream.
+struct Admitted {
+  // Receive the body (false: answer OK with `message` and read no body: a
+  // final model this site already stored, sent again).
+  bool receive_body = true;
+  std::string message;
+};
+
+// Judges a model stream's header at site `site` running `job` (null: no job
+// configured). An error refuses the stream; its code says why:
+//   FAILED_PRECONDITION  no job or another job here; the job is over here; a
+//                        learn task for a round this site has passed
+//   PERMISSION_DENIED    the sender may not send this kind now (not a site of
+//                        the job, not the round's scatterer, not a trainer,
+//                        not the last round's aggregator or the best model's
+//                        holder by this site's own record)
+//   INVALID_ARGUMENT     a kind that is never sent to a site; a round outside
+//                        the job
+// RESULT streams that pass still go through the aggregation round's rules.
+absl::StatusOr<Admitted> AdmitStream(const JobView* job, const SiteRecord& site,
+                                     const v1::ModelHeader& header);
+
+// The job check every request makes: `job_id` must be the job configured
+// here. FAILED_PRECONDITION naming both otherwise.
+absl::Status CheckJobId(const JobView* job, absl::string_view self,
+                        absl::string_view job_id);
+
+}  // namespace swarm
+
+#endif  // SWARM_CONTROLLER_ADMISSION_H_

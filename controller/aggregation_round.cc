@@ -1,0 +1,168 @@
+#include "controller/aggregation_round.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "controller/replies.h"
+
+namespace swarm {
+void RoundCounters::Add(const RoundCounters& other) {
+  granted += other.granted;
+  accepted += other.accepted;
+  rejected += other.rejected;
+  in_flight += other.in_flight;
+  max_in_flight = std::max(max_in_flight, other.max_in_flight);
+}
+
+void RoundCounters::CopyTo(v1::SiteCounters* counters) const {
+  counters->set_submissions_granted(granted);
+  counters->set_results_accepted(accepted);
+  counters->set_results_rejected(rejected);
+  counters->set_submissions_in_flight(in_flight);
+  counters->set_max_submissions_in_flight(max_in_flight);
+}
+
+absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
+    const JobView& job, const std::string& self,
+    const v1::ModelHeader& learn_task, std::shared_ptr<const Model> base,
+    const std::string& offload_dir, absl::Time now) {
+  const v1::JobConfig& config = job.config();
+  GathererOptions options;
+  options.round = learn_task.round();
+  options.expected_trainers.assign(learn_task.expected_trainers().begin(),
+                                   learn_task.expected_trainers().end());
+  options.min_responses_required = config.min_responses_required();
+  options.wait_after_min_responses = job.wait_after_min_responses();
+  options.round_timeout = job.round_timeout();
+  options.max_concurrent_submissions = config.max_concurrent_submissions();
+  options.best_so_far = learn_task.best();
+  options.self = self;
+  options.metric_name = config.metric_name();
+  options.open_time = now;
+  // Results go to disk when the job asks for it, and always for the methods
+  // that need every result at the end (median, trimmed mean).
+  const bool offload = config.disk_offload() ||
+                       config.aggregation_method() != v1::AGGREGATION_FEDAVG;
+  absl::StatusOr<std::unique_ptr<Aggregator>> aggregator =
+      Aggregator::Create(AggregatorOptions::FromJobConfig(
+                             config, offload ? offload_dir : std::string()),
+                         base);
+  if (!aggregator.ok()) return aggregator.status();
+  return std::unique_ptr<AggregationRound>(new AggregationRound(
+      std::move(options), MetricComparator(config.metric_direction()),
+      std::move(base), std::move(*aggregator)));
+}
+
+AggregationRound::AggregationRound(GathererOptions options,
+                                   MetricComparator comparator,
+                                   std::shared_ptr<const Model> base,
+                                   std::unique_ptr<Aggregator> aggregator)
+    : gatherer_(std::move(options), comparator),
+      base_(std::move(base)),
+      aggregator_(std::move(aggregator)) {}
+
+void AggregationRound::SyncSlots() {
+  const GathererCounters& gathered = gatherer_.counters();
+  counters_.granted = gathered.permissions_granted;
+  counters_.in_flight = gathered.in_flight;
+  counters_.max_in_flight = gathered.max_in_flight;
+}
+
+AggregationRound::Permission AggregationRound::RequestToSubmit(
+    absl::string_view trainer, uint32_t round, absl::Time now) {
+  Permission permission{gatherer_.RequestToSubmit(trainer, round, now), {}};
+  SyncSlots();
+  permission.report = gatherer_.CheckDone(now);
+  return permission;
+}
+
+AggregationRound::ResultStart AggregationRound::BeginResult(
+    const v1::ModelHeader& header, absl::Time now) {
+  ResultStart start;
+  const ResultDecision decision =
+      gatherer_.BeginResult(header.sender(), header.round(), now);
+  if (!decision.ok()) {
+    ++counters_.rejected;
+    start.refused = decision.code == ResultCode::kError
+                        ? absl::InvalidArgumentError(decision.message)
+                        : absl::FailedPreconditionError(decision.message);
+  } else if (header.failed()) {
+    const std::string reason =
+        absl::StrCat("trainer failed: ", header.failure());
+    gatherer_.FailResult(header.sender(), reason, now);
+    // It has no result for this round and sends none: do not wait for it.
+    if (header.round() == round()) {
+      gatherer_.DropTrainer(header.sender(), reason, now);
+    }
+    start.header_only = true;
+  } else {
+    absl::StatusOr<std::unique_ptr<TensorSink>> sink =
+        aggregator_->NewResultSink();
+    if (sink.ok()) {
+      start.sink = std::move(*sink);
+    } else {
+      gatherer_.FailResult(header.sender(), sink.status().message(), now);
+      start.refused = sink.status();
+    }
+  }
+  SyncSlots();
+  start.report = gatherer_.CheckDone(now);
+  return start;
+}
+
+AggregationRound::ResultEnd AggregationRound::CompleteResult(
+    const v1::ModelHeader& header,
+    const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
+  ResultEnd end;
+  if (gatherer_.closed()) {
+    ++counters_.rejected;
+    end.reply =
+        MakeReply(v1::OUTCOME_REJECTED,
+                  absl::StrCat("round ", header.round(),
+                               " closed before the result was complete"));
+    end.report = gatherer_.CheckDone(now);
+    return end;
+  }
+  absl::Status added =
+      model.ok() ? aggregator_->Add(**model,
+                                    static_cast<int64_t>(header.sample_count()),
+                                    header.payload_kind())
+                 : model.status();
+  if (!added.ok()) {
+    gatherer_.FailResult(header.sender(), added.message(), now);
+    ++counters_.rejected;
+    end.refused = added;
+  } else {
+    const ResultDecision decision = gatherer_.CompleteResult(
+        header.sender(), header.sample_count(), header.metrics(), now);
+    if (decision.ok()) {
+      ++counters_.accepted;
+    } else {
+      ++counters_.rejected;
+    }
+    end.reply = MakeReply(decision.outcome(), decision.message);
+  }
+  SyncSlots();
+  end.report = gatherer_.CheckDone(now);
+  return end;
+}
+
+AggregationRound::Verdict AggregationRound::Judge() const {
+  Verdict verdict;
+  verdict.best = gatherer_.BestAfterRound();
+  verdict.base_is_new_best = gatherer_.ScoreBeatsBest();
+  verdict.input_score = gatherer_.RoundScore();
+  verdict.results = static_cast<size_t>(aggregator_->num_added());
+  return verdict;
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> AggregationRound::Aggregate() {
+  // Nothing arrived: the global model carries over.
+  if (aggregator_->num_added() == 0) return base_;
+  absl::StatusOr<Model> aggregated = aggregator_->Finish();
+  if (!aggregated.ok()) return aggregated.status();
+  return std::make_shared<const Model>(std::move(*aggregated));
+}
+
+}  // namespace swarm

@@ -1,0 +1,144 @@
+// One round this site aggregates (design section 3, steps 4 to 7): the
+// round's collection rules (Gatherer), its running aggregate (Aggregator),
+// the round's base model, and the round's submission counters, the one
+// source of the counters a site reports.
+//
+// Every call that can change whether the round is over returns the round's
+// report, so a caller cannot forget to look: when `report.done` turns true,
+// the caller stops feeding the round and finishes it (Close()).
+//
+// NOT thread-safe and never blocks on the network: the caller serializes all
+// calls (its mutex) and passes the time. Aggregator::Add on a result, which
+// the caller's lock covers, is the one costly call (a pass over the model).
+//
+// Caller's obligations (the Gatherer's, restated for this pairing):
+// - Every BeginResult() that returns a sink (or a header-only acceptance) is
+//   followed by exactly one CompleteResult() for that header.
+// - Once a report says done, call Close() and drop the round.
+#ifndef SWARM_CONTROLLER_AGGREGATION_ROUND_H_
+#define SWARM_CONTROLLER_AGGREGATION_ROUND_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "controller/job_view.h"
+#include "gatherer/aggregator.h"
+#include "gatherer/gatherer.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
+#include "proto/swarm.pb.h"
+
+namespace swarm {
+
+// What a round counted (summed over rounds for the site's status).
+struct RoundCounters {
+  uint64_t granted = 0;    // Permissions handed out.
+  uint64_t accepted = 0;   // Results in the aggregate (late ones included).
+  uint64_t rejected = 0;   // Results refused (header, body or aggregation).
+  uint64_t in_flight = 0;  // Slots held now (permission or upload).
+  uint64_t max_in_flight = 0;
+
+  // Adds `other` (max_in_flight as a maximum).
+  void Add(const RoundCounters& other);
+  void CopyTo(v1::SiteCounters* counters) const;
+};
+
+class AggregationRound {
+ public:
+  // Opens the round of `learn_task` (this site is its aggregator) over
+  // `base`, at `now`. `offload_dir`: where results go when the job offloads
+  // them to disk (the job's disk_offload, or a median / trimmed mean).
+  static absl::StatusOr<std::unique_ptr<AggregationRound>> Open(
+      const JobView& job, const std::string& self,
+      const v1::ModelHeader& learn_task, std::shared_ptr<const Model> base,
+      const std::string& offload_dir, absl::Time now);
+
+  AggregationRound(const AggregationRound&) = delete;
+  AggregationRound& operator=(const AggregationRound&) = delete;
+
+  uint32_t round() const { return gatherer_.round(); }
+  const Model& base() const { return *base_; }
+  bool closed() const { return gatherer_.closed(); }
+  // When to call Check() without a new event (InfiniteFuture: never).
+  absl::Time NextDeadline() const { return gatherer_.NextDeadline(); }
+
+  struct Permission {
+    PermissionDecision decision;
+    RoundReport report;
+  };
+  Permission RequestToSubmit(absl::string_view trainer, uint32_t round,
+                             absl::Time now);
+
+  struct ResultStart {
+    // Not OK: the result is refused (INVALID_ARGUMENT for a protocol error,
+    // FAILED_PRECONDITION for a closed round or a duplicate).
+    absl::Status refused;
+    // A failed result (header.failed()): noted, its trainer no longer
+    // waited for; there is no body.
+    bool header_only = false;
+    // Otherwise the sink to stream the body into (it checks the tensors
+    // against the base model as they arrive).
+    std::unique_ptr<TensorSink> sink;
+    RoundReport report;
+  };
+  ResultStart BeginResult(const v1::ModelHeader& header, absl::Time now);
+
+  struct ResultEnd {
+    v1::Reply reply;
+    // Set when the result was refused after its body arrived (for the log).
+    absl::Status refused;
+    RoundReport report;
+  };
+  // The body of a result BeginResult() let in: `model` is what the sink
+  // assembled, or why assembly failed.
+  ResultEnd CompleteResult(
+      const v1::ModelHeader& header,
+      const absl::StatusOr<std::shared_ptr<const Model>>& model,
+      absl::Time now);
+
+  // Applies the closing rules at `now`.
+  RoundReport Check(absl::Time now) { return gatherer_.CheckDone(now); }
+
+  // The round's verdict on its base model. REQUIRES: closed(). Cheap.
+  struct Verdict {
+    // The best record after this round.
+    v1::BestRecord best;
+    // The base model's score beat the record: this site holds the best
+    // model now.
+    bool base_is_new_best = false;
+    // The trainers' mean validation metric of the base model, if any.
+    std::optional<double> input_score;
+    // Results in the aggregate.
+    size_t results = 0;
+  };
+  Verdict Judge() const;
+
+  // The next global model: the aggregate, or the base when no result
+  // arrived. REQUIRES: closed(); call once. Costly (a pass over every result
+  // for the coordinate methods): the caller runs it outside its lock, once
+  // it has taken the round out of its shared state.
+  absl::StatusOr<std::shared_ptr<const Model>> Aggregate();
+
+  std::shared_ptr<const Model> shared_base() const { return base_; }
+  const RoundCounters& counters() const { return counters_; }
+
+ private:
+  AggregationRound(GathererOptions options, MetricComparator comparator,
+                   std::shared_ptr<const Model> base,
+                   std::unique_ptr<Aggregator> aggregator);
+  void SyncSlots();
+
+  Gatherer gatherer_;
+  std::shared_ptr<const Model> base_;
+  std::unique_ptr<Aggregator> aggregator_;
+  RoundCounters counters_;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_CONTROLLER_AGGREGATION_ROUND_H_

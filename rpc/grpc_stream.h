@@ -1,0 +1,133 @@
+// Model streams over gRPC without needless copies.
+//
+// Frames travel as raw grpc::ByteBuffers that are valid `swarm.v1.ModelFrame`
+// messages on the wire, so any protobuf client interoperates. On send, a
+// chunk's bytes are referenced from the model's storage (no copy: the
+// transport hands them to the socket). On receive, a chunk's bytes are copied
+// once, from gRPC's slices straight into the sink.
+#ifndef SWARM_RPC_GRPC_STREAM_H_
+#define SWARM_RPC_GRPC_STREAM_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/swarm.pb.h"
+#include "streaming/assembler.h"
+#include "streaming/chunker.h"
+
+namespace swarm {
+
+// "/swarm.v1.Peer/<method>".
+std::string PeerMethodPath(absl::string_view method);
+
+// Largest gRPC message a model stream needs: the biggest chunk or header plus
+// framing. Used as the receive limit instead of "unlimited".
+int MaxModelFrameMessageBytes(const AssemblerLimits& limits);
+
+// Channel and server settings for model streams: the receive limit above,
+// large HTTP/2 frames.
+void ApplyModelStreamArgs(grpc::ChannelArguments* args,
+                          const AssemblerLimits& limits);
+void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
+                          const AssemblerLimits& limits);
+
+// Makes glibc malloc keep the buffers gRPC allocates for every socket read
+// (up to a few MiB each) instead of mapping and unmapping them, which costs a
+// page fault per 4 KiB received. Call once at start-up of a process that
+// moves models; harmless elsewhere.
+void TuneMallocForModelStreams();
+
+// Frame encoding.
+grpc::ByteBuffer EncodeHeaderFrame(const v1::ModelHeader& header);
+// References chunk.data; `keep_alive` is held until gRPC releases the bytes.
+grpc::ByteBuffer EncodeChunkFrame(const ChunkRef& chunk,
+                                  std::shared_ptr<const void> keep_alive);
+grpc::ByteBuffer EncodeTrailerFrame(const v1::ModelTrailer& trailer);
+
+// Decodes one frame and feeds it to `assembler`. Chunk frames in the
+// canonical field order take the single-copy path; anything else is parsed as
+// a ModelFrame message.
+absl::Status FeedFrame(grpc::ByteBuffer* frame, Assembler* assembler);
+
+// Writes every frame of `chunker` with `write`; false from `write` means the
+// stream broke (the caller learns why from the call's final status). The
+// trailer's options mark it as the last message: on a client it leaves
+// together with the half-close, on a server with the call's status.
+bool WriteModelFrames(
+    Chunker* chunker,
+    absl::FunctionRef<bool(const grpc::ByteBuffer&, grpc::WriteOptions)> write);
+
+// Reads frames with `read` until it returns false, then finishes the model.
+absl::StatusOr<Model> ReadModelFrames(
+    absl::FunctionRef<bool(grpc::ByteBuffer*)> read, Assembler* assembler);
+
+// Client side of a client-streaming model RPC (LearnTask, SubmitResult,
+// FinalResult): streams `chunker`'s model and returns the peer's reply.
+// gRPC failures come back as absl statuses with the same code.
+absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
+                                            absl::string_view method,
+                                            grpc::ClientContext* context,
+                                            Chunker* chunker);
+
+// Server side: receives a whole stream into `assembler`.
+absl::StatusOr<Model> ReceiveModelStream(
+    grpc::ServerReaderInterface<grpc::ByteBuffer>* reader,
+    Assembler* assembler);
+
+// Server side of a server-streaming model RPC (FetchModel).
+bool SendModelStream(grpc::ServerWriterInterface<grpc::ByteBuffer>* writer,
+                     Chunker* chunker);
+
+// Client side of FetchModel: streams the reply into `assembler`.
+absl::StatusOr<Model> FetchModelFromPeer(grpc::ChannelInterface* channel,
+                                         grpc::ClientContext* context,
+                                         const v1::FetchModelRequest& request,
+                                         Assembler* assembler);
+
+// absl <-> gRPC status conversions.
+absl::Status ToAbslStatus(const grpc::Status& status);
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// A grpc::Service whose model-stream methods take raw ByteBuffers and whose
+// control methods take generated messages. Subclasses register methods with
+// the Add* helpers (the generated Peer::Service cannot mix the two).
+class RawModelService : public grpc::Service {
+ public:
+  using UploadHandler = std::function<grpc::Status(
+      grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>*, v1::Reply*)>;
+  using DownloadHandler = std::function<grpc::Status(
+      grpc::ServerContext*, const v1::FetchModelRequest*,
+      grpc::ServerWriter<grpc::ByteBuffer>*)>;
+
+ protected:
+  // A client-streaming method whose request frames are raw.
+  void AddModelUploadMethod(absl::string_view method, UploadHandler handler);
+  // FetchModel: unary request, raw response frames.
+  void AddModelDownloadMethod(absl::string_view method,
+                              DownloadHandler handler);
+
+  template <typename Request, typename Response>
+  void AddUnaryMethod(absl::string_view method,
+                      std::function<grpc::Status(grpc::ServerContext*,
+                                                 const Request*, Response*)>
+                          handler);
+
+ private:
+  // RpcServiceMethod keeps a const char* to the name.
+  const char* StoreName(absl::string_view method);
+  std::vector<std::unique_ptr<std::string>> names_;
+};
+
+}  // namespace swarm
+
+#include "rpc/grpc_stream_inl.h"
+
+#endif  // SWARM_RPC_GRPC_STREAM_H_

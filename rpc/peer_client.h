@@ -1,0 +1,79 @@
+// PeerTransport over gRPC: one channel per peer address, created on first
+// use and reused; a deadline on every call.
+#ifndef SWARM_RPC_PEER_CLIENT_H_
+#define SWARM_RPC_PEER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/peer_transport.h"
+#include "proto/swarm.grpc.pb.h"
+#include "streaming/assembler.h"
+
+namespace swarm {
+
+// Deadline for streaming `bytes`: a base plus the time at a slow 20 MB/s.
+absl::Duration StreamDeadline(uint64_t bytes);
+
+// Channels by address, with the model-stream settings.
+class PeerChannels {
+ public:
+  explicit PeerChannels(std::shared_ptr<grpc::ChannelCredentials> credentials =
+                            grpc::InsecureChannelCredentials());
+  PeerChannels(const PeerChannels&) = delete;
+  PeerChannels& operator=(const PeerChannels&) = delete;
+  std::shared_ptr<grpc::Channel> Get(const std::string& address);
+
+ private:
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(mu_);
+};
+
+class GrpcPeerTransport final : public PeerTransport {
+ public:
+  // `unary_timeout`: deadline of the small control calls.
+  explicit GrpcPeerTransport(PeerChannels* channels,
+                             absl::Duration unary_timeout = absl::Seconds(10));
+  GrpcPeerTransport(const GrpcPeerTransport&) = delete;
+  GrpcPeerTransport& operator=(const GrpcPeerTransport&) = delete;
+
+  void PrepareForJob(const v1::JobConfig& job) override;
+  absl::StatusOr<v1::Reply> SendLearnTask(const v1::SiteInfo& to,
+                                          const v1::ModelHeader& header,
+                                          std::shared_ptr<const Model> model,
+                                          absl::Duration timeout) override;
+  absl::StatusOr<v1::SubmitPermissionReply> RequestToSubmit(
+      const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
+      absl::Duration timeout) override;
+  absl::StatusOr<v1::Reply> SubmitResult(
+      const v1::SiteInfo& to, const v1::ModelHeader& header,
+      std::shared_ptr<const Model> model) override;
+  absl::StatusOr<v1::Reply> ShareBest(const v1::SiteInfo& to,
+                                      const v1::ShareBestRequest& request,
+                                      absl::Duration timeout) override;
+  absl::StatusOr<v1::Reply> SendFinalResult(const v1::SiteInfo& to,
+                                            const v1::ModelHeader& header,
+                                            std::shared_ptr<const Model> model,
+                                            absl::Duration timeout) override;
+
+ private:
+  absl::StatusOr<v1::Reply> StreamModel(const v1::SiteInfo& to,
+                                        absl::string_view method,
+                                        const v1::ModelHeader& header,
+                                        std::shared_ptr<const Model> model,
+                                        absl::Duration timeout);
+
+  PeerChannels* const channels_;
+  const absl::Duration unary_timeout_;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_RPC_PEER_CLIENT_H_

@@ -1,0 +1,398 @@
+#include "rpc/peer_service.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "controller/model_receiver.h"
+#include "config/job_config.h"
+#include "security/certificates.h"
+
+namespace swarm {
+namespace {
+
+// How much earlier than the caller's deadline a held RequestToSubmit answers,
+// so the reply arrives in time.
+constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
+
+absl::Time CallDeadline(const grpc::ServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+// "ipv4:10.0.0.1:5555" -> "ipv4:10.0.0.1": calls from one host share a
+// budget when there is no certificate to tell peers apart.
+std::string HostOf(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
+// Cancels model streams that run longer than allowed: a stalled sender
+// cannot hold a server thread forever.
+class StreamWatchdog {
+ public:
+  StreamWatchdog() : thread_([this] { Run(); }) {}
+  ~StreamWatchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  void Watch(grpc::ServerContext* context, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    watched_[context] = deadline;
+  }
+  void Forget(grpc::ServerContext* context) {
+    absl::MutexLock lock(&mu_);
+    watched_.erase(context);
+  }
+
+ private:
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      absl::Time next = absl::InfiniteFuture();
+      const absl::Time now = absl::Now();
+      for (auto it = watched_.begin(); it != watched_.end();) {
+        if (it->second <= now) {
+          SWARM_LOG_WARNING("cancelling a model stream from %s: too slow",
+                            it->first->peer());
+          it->first->TryCancel();
+          it = watched_.erase(it);
+        } else {
+          next = std::min(next, it->second);
+          ++it;
+        }
+      }
+      const size_t size = watched_.size();
+      auto changed = [this, size]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || watched_.size() != size;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<grpc::ServerContext*, absl::Time> watched_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// One call counted against its peer's budget.
+class PeerService::CallSlot {
+ public:
+  CallSlot(PeerService* service, std::string peer)
+      : service_(service), peer_(std::move(peer)) {}
+  ~CallSlot() { service_->ReleaseSlot(peer_); }
+  CallSlot(const CallSlot&) = delete;
+  CallSlot& operator=(const CallSlot&) = delete;
+
+ private:
+  PeerService* service_;
+  std::string peer_;
+};
+
+grpc::Status PeerService::Authorize(grpc::ServerContext* context,
+                                    absl::string_view method, Rule rule,
+                                    absl::string_view sender,
+                                    std::unique_ptr<CallSlot>* slot) {
+  const security::PeerIdentity identity = security::IdentityOf(*context);
+  auto refuse = [&](grpc::StatusCode code, std::string reason) {
+    SWARM_LOG_WARNING(
+        "refused %s from %s (%s): %s", method,
+        identity.name.empty() ? std::string(sender) : identity.name,
+        context->peer(), reason);
+    return grpc::Status(code, reason);
+  };
+  if (options_.tls) {
+    if (!identity.authenticated) {
+      return refuse(grpc::StatusCode::UNAUTHENTICATED,
+                    "no verified client certificate");
+    }
+    switch (rule) {
+      case Rule::kAdmin:
+        if (identity.role != security::kAdminRole) {
+          return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(method, " is for admins; ", identity.name,
+                                     " has the role \"", identity.role, "\""));
+        }
+        break;
+      case Rule::kAnyPeer:
+        break;
+      case Rule::kSender:
+        if (identity.role != security::kSiteRole) {
+          return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(method, " is for sites; ", identity.name,
+                                     " has the role \"", identity.role, "\""));
+        }
+        break;
+      case Rule::kFetch: {
+        if (identity.role == security::kAdminRole) break;
+        const std::optional<v1::JobConfig> job = controller_->job();
+        if (identity.role != security::kSiteRole || !job.has_value() ||
+            FindSite(*job, identity.name) == nullptr) {
+          return refuse(
+              grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat(identity.name,
+                           " is neither an admin nor a site of the job"));
+        }
+        break;
+      }
+    }
+    // Every request names its sender, and under TLS that name is the
+    // certificate's, whatever the call (the README's rule): a log line or an
+    // abort reason never shows a name the caller could not prove.
+    if (sender != identity.name) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                    absl::StrCat("sender \"", sender,
+                                 "\" does not match the certificate of \"",
+                                 identity.name, "\""));
+    }
+  }
+  // Whose budget the call counts against: the certificate's name. Without
+  // TLS the claimed sender is trusted (as everywhere in insecure mode), on
+  // its host: several sites often share one host, and counted by host alone
+  // they would starve each other.
+  const std::string peer =
+      identity.authenticated ? identity.name
+      : sender.empty()       ? HostOf(context->peer())
+                       : absl::StrCat(sender, "@", HostOf(context->peer()));
+  {
+    absl::MutexLock lock(&mu_);
+    int& calls = calls_[peer];
+    if (calls >= options_.max_calls_per_peer) {
+      return refuse(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat(peer, " already has ", calls, " calls in flight (limit ",
+                       options_.max_calls_per_peer, ")"));
+    }
+    ++calls;
+  }
+  *slot = std::make_unique<CallSlot>(this, peer);
+  return grpc::Status::OK;
+}
+
+void PeerService::ReleaseSlot(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(peer);
+  if (it != calls_.end() && --it->second <= 0) calls_.erase(it);
+}
+
+PeerService::~PeerService() = default;
+
+PeerService::PeerService(SwarmController* controller,
+                         PeerServiceOptions options)
+    : controller_(controller),
+      options_(std::move(options)),
+      watchdog_(std::make_unique<StreamWatchdog>()) {
+  AddUnaryMethod<v1::ConfigureRequest, v1::Reply>(
+      "Configure",
+      [this](grpc::ServerContext* context, const v1::ConfigureRequest* request,
+             v1::Reply* reply) {
+        std::unique_ptr<CallSlot> slot;
+        grpc::Status allowed = Authorize(context, "Configure", Rule::kAdmin,
+                                         request->sender(), &slot);
+        if (!allowed.ok()) return allowed;
+        *reply = controller_->Configure(*request);
+        return grpc::Status::OK;
+      });
+  AddUnaryMethod<v1::StartRequest, v1::Reply>(
+      "Start", [this](grpc::ServerContext* context,
+                      const v1::StartRequest* request, v1::Reply* reply) {
+        std::unique_ptr<CallSlot> slot;
+        grpc::Status allowed =
+            Authorize(context, "Start", Rule::kAdmin, request->sender(), &slot);
+        if (!allowed.ok()) return allowed;
+        *reply = controller_->Start(*request);
+        return grpc::Status::OK;
+      });
+  auto receive = [this](grpc::ServerContext* context,
+                        grpc::ServerReader<grpc::ByteBuffer>* reader,
+                        v1::Reply* reply) {
+    return ReceiveModel(context, reader, reply);
+  };
+  AddModelUploadMethod("LearnTask", receive);
+  AddUnaryMethod<v1::SubmitPermissionRequest, v1::SubmitPermissionReply>(
+      "RequestToSubmit", [this](grpc::ServerContext* context,
+                                const v1::SubmitPermissionRequest* request,
+                                v1::SubmitPermissionReply* reply) {
+        return RequestToSubmit(context, request, reply);
+      });
+  AddModelUploadMethod("SubmitResult", receive);
+  AddUnaryMethod<v1::ShareBestRequest, v1::Reply>(
+      "ShareBest",
+      [this](grpc::ServerContext* context, const v1::ShareBestRequest* request,
+             v1::Reply* reply) {
+        std::unique_ptr<CallSlot> slot;
+        grpc::Status allowed = Authorize(context, "ShareBest", Rule::kSender,
+                                         request->sender(), &slot);
+        if (!allowed.ok()) return allowed;
+        *reply = controller_->ShareBest(*request);
+        return grpc::Status::OK;
+      });
+  AddModelUploadMethod("FinalResult", receive);
+  AddUnaryMethod<v1::StatusRequest, v1::StatusReply>(
+      "Status",
+      [this](grpc::ServerContext* context, const v1::StatusRequest* request,
+             v1::StatusReply* reply) {
+        return Status(context, request, reply);
+      });
+  AddModelDownloadMethod(
+      "FetchModel",
+      [this](grpc::ServerContext* context, const v1::FetchModelRequest* request,
+             grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+        return FetchModel(context, request, writer);
+      });
+  AddUnaryMethod<v1::AbortRequest, v1::Reply>(
+      "Abort", [this](grpc::ServerContext* context,
+                      const v1::AbortRequest* request, v1::Reply* reply) {
+        std::unique_ptr<CallSlot> slot;
+        grpc::Status allowed =
+            Authorize(context, "Abort", Rule::kAdmin, request->sender(), &slot);
+        if (!allowed.ok()) return allowed;
+        *reply = controller_->Abort(*request);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::Status PeerService::ReceiveModel(
+    grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
+    v1::Reply* reply) {
+  grpc::ByteBuffer first;
+  if (!reader->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "model stream ended before its header");
+  }
+  v1::ModelFrame frame;
+  {
+    grpc::ProtoBufferReader parse(&first);
+    if (!frame.ParseFromZeroCopyStream(&parse) || !frame.has_header()) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "the first frame of a model stream must be its header");
+    }
+  }
+  const v1::ModelHeader& header = frame.header();
+  std::unique_ptr<CallSlot> slot;
+  grpc::Status allowed = Authorize(
+      context, absl::StrCat(v1::ModelKind_Name(header.kind()), " stream"),
+      Rule::kSender, header.sender(), &slot);
+  if (!allowed.ok()) return allowed;
+  watchdog_->Watch(context, absl::Now() + options_.max_stream_time);
+  struct Unwatch {
+    StreamWatchdog* watchdog;
+    grpc::ServerContext* context;
+    ~Unwatch() { watchdog->Forget(context); }
+  } unwatch{watchdog_.get(), context};
+  ModelReceiver receiver(controller_);
+  absl::Status admitted = receiver.Begin(header, first.Length());
+  if (!admitted.ok()) {
+    SWARM_LOG_WARNING("refused %s stream from %s (%s): %s",
+                      v1::ModelKind_Name(header.kind()), header.sender(),
+                      context->peer(), admitted.message());
+    return ToGrpcStatus(admitted);
+  }
+  if (receiver.answered()) {
+    *reply = receiver.reply();
+    return grpc::Status::OK;
+  }
+  *reply = receiver.Receive(
+      [reader](Assembler* assembler) {
+        return ReceiveModelStream(reader, assembler);
+      });
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::RequestToSubmit(
+    grpc::ServerContext* context, const v1::SubmitPermissionRequest* request,
+    v1::SubmitPermissionReply* reply) {
+  std::unique_ptr<CallSlot> slot;
+  grpc::Status allowed = Authorize(context, "RequestToSubmit", Rule::kSender,
+                                   request->sender(), &slot);
+  if (!allowed.ok()) return allowed;
+  // Hold a RETRY until a slot frees or the round opens (or the caller's
+  // deadline is near), so no trainer sleeps while a slot is free.
+  const absl::Time deadline = CallDeadline(context) - kDeadlineMargin;
+  bool waited = false;
+  while (true) {
+    const uint64_t version = controller_->permission_version();
+    *reply = controller_->RequestToSubmit(*request);
+    if (reply->outcome() != v1::OUTCOME_RETRY || context->IsCancelled() ||
+        absl::Now() >= deadline) {
+      break;
+    }
+    controller_->WaitForPermissionChange(
+        version, std::min(deadline, absl::Now() + absl::Seconds(30)));
+    waited = true;
+  }
+  // The request was held as long as allowed: ask again at once.
+  if (waited && reply->outcome() == v1::OUTCOME_RETRY)
+    reply->set_retry_after_ms(0);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Status(grpc::ServerContext* context,
+                                 const v1::StatusRequest* request,
+                                 v1::StatusReply* reply) {
+  std::unique_ptr<CallSlot> slot;
+  grpc::Status allowed =
+      Authorize(context, "Status", Rule::kAnyPeer, request->sender(), &slot);
+  if (!allowed.ok()) return allowed;
+  if (request->wait_for_change_ms() > 0) {
+    const absl::Time deadline = std::min(
+        CallDeadline(context) - kDeadlineMargin,
+        absl::Now() + absl::Milliseconds(request->wait_for_change_ms()));
+    *reply =
+        controller_->WaitForStatusChange(request->known_version(), deadline);
+  } else {
+    *reply = controller_->Status();
+  }
+  if (!request->job_id().empty() &&
+      reply->status().job_id() != request->job_id()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("site runs job \"", reply->status().job_id(), "\", not \"",
+                     request->job_id(), "\""));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::FetchModel(
+    grpc::ServerContext* context, const v1::FetchModelRequest* request,
+    grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+  std::unique_ptr<CallSlot> slot;
+  grpc::Status allowed =
+      Authorize(context, "FetchModel", Rule::kFetch, request->sender(), &slot);
+  if (!allowed.ok()) return allowed;
+  absl::StatusOr<std::shared_ptr<const Model>> model =
+      controller_->ModelForFetch(*request);
+  if (!model.ok()) return ToGrpcStatus(model.status());
+  v1::ModelHeader header;
+  header.set_kind(request->which() == v1::MODEL_SELECTOR_BEST
+                      ? v1::MODEL_KIND_BEST
+                  : request->which() == v1::MODEL_SELECTOR_LAST
+                      ? v1::MODEL_KIND_LAST
+                      : v1::MODEL_KIND_ROUND_GLOBAL);
+  header.set_job_id(request->job_id());
+  for (const auto& [key, value] : (*model)->metadata()) {
+    (*header.mutable_metadata())[key] = value;
+  }
+  absl::StatusOr<std::unique_ptr<Chunker>> chunker =
+      Chunker::Create(*model, header);
+  if (!chunker.ok()) return ToGrpcStatus(chunker.status());
+  if (!SendModelStream(writer, chunker->get())) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the client went away");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace swarm

@@ -1,0 +1,82 @@
+// The Peer gRPC service of a site: a thin adapter. Each RPC is authorized
+// from the caller's verified certificate, then becomes a call on the
+// SwarmController; model streams are assembled here (header first, so the
+// controller can refuse a stream before its body arrives).
+//
+// Authorization (with TLS identities; see rpc/tls.h):
+//   Configure, Start, Abort       admins only
+//   Status                        any authenticated peer
+//   FetchModel                    admins and the job's sites
+//   RequestToSubmit, ShareBest,   a site whose certificate name is the
+//   LearnTask, SubmitResult,      request's sender; the controller then
+//   FinalResult                   checks that site's role in the round
+// Without TLS (--insecure) the sender named in the request is trusted.
+// Every refusal is logged with the peer and the reason.
+#ifndef SWARM_RPC_PEER_SERVICE_H_
+#define SWARM_RPC_PEER_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/swarm_controller.h"
+#include "rpc/grpc_stream.h"
+#include "rpc/tls.h"
+
+namespace swarm {
+
+struct PeerServiceOptions {
+  // Require and use certificate identities (false only with --insecure).
+  bool tls = true;
+  // Calls one peer may have in flight here (streams and held requests).
+  int max_calls_per_peer = 16;
+  // A model stream still running after this is cancelled.
+  absl::Duration max_stream_time = absl::Hours(1);
+};
+
+class StreamWatchdog;
+
+class PeerService final : public RawModelService {
+ public:
+  // `controller` must outlive the service (shut the server down first).
+  PeerService(SwarmController* controller, PeerServiceOptions options);
+  ~PeerService() override;
+  PeerService(const PeerService&) = delete;
+  PeerService& operator=(const PeerService&) = delete;
+
+ private:
+  enum class Rule { kAdmin, kAnyPeer, kSender, kFetch };
+  class CallSlot;
+
+  // Checks `rule` for the caller and takes one of its call slots (released
+  // when `slot` goes away). The error is the gRPC status to return.
+  grpc::Status Authorize(grpc::ServerContext* context, absl::string_view method,
+                         Rule rule, absl::string_view sender,
+                         std::unique_ptr<CallSlot>* slot);
+  void ReleaseSlot(const std::string& peer);
+
+  grpc::Status ReceiveModel(grpc::ServerContext* context,
+                            grpc::ServerReader<grpc::ByteBuffer>* reader,
+                            v1::Reply* reply);
+  grpc::Status RequestToSubmit(grpc::ServerContext* context,
+                               const v1::SubmitPermissionRequest* request,
+                               v1::SubmitPermissionReply* reply);
+  grpc::Status Status(grpc::ServerContext* context,
+                      const v1::StatusRequest* request, v1::StatusReply* reply);
+  grpc::Status FetchModel(grpc::ServerContext* context,
+                          const v1::FetchModelRequest* request,
+                          grpc::ServerWriter<grpc::ByteBuffer>* writer);
+
+  SwarmController* const controller_;
+  const PeerServiceOptions options_;
+  std::unique_ptr<StreamWatchdog> watchdog_;
+  absl::Mutex mu_;
+  std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_RPC_PEER_SERVICE_H_
