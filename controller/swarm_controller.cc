@@ -66,12 +66,44 @@ bool SwarmController::Active() const {
 }
 
 void SwarmController::Bump() {
-  ++status_version_;
+  StatusChanged();
   ++permission_version_;
   for (std::function<void()>& waiter : permission_waiters_) {
     runner_->Post(std::move(waiter));
   }
   permission_waiters_.clear();
+}
+
+void SwarmController::StatusChanged() {
+  ++status_version_;
+  for (std::function<void()>& waiter : status_waiters_) {
+    runner_->Post(std::move(waiter));
+  }
+  status_waiters_.clear();
+}
+
+void SwarmController::WhenPermissionChanges(uint64_t known_version,
+                                            absl::Time deadline,
+                                            std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (permission_version_ != known_version) {
+    runner_->Post(std::move(wake));
+    return;
+  }
+  runner_->PostAt(deadline, wake);
+  permission_waiters_.push_back(std::move(wake));
+}
+
+void SwarmController::WhenStatusChanges(uint64_t known_version,
+                                        absl::Time deadline,
+                                        std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (status_version_ != known_version) {
+    runner_->Post(std::move(wake));
+    return;
+  }
+  runner_->PostAt(deadline, wake);
+  status_waiters_.push_back(std::move(wake));
 }
 
 void SwarmController::SetState(v1::SiteState state) {

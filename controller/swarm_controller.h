@@ -111,6 +111,15 @@ class SwarmController {
                                absl::Time deadline) const;
   uint64_t permission_version() const;
 
+  // Non-blocking forms of the two waits above, for callback servers: `wake`
+  // runs on the task runner once the permission (status) version differs
+  // from `known_version`, and again at `deadline` (it may run twice: the
+  // caller ignores the second call). No lock is held when it runs.
+  void WhenPermissionChanges(uint64_t known_version, absl::Time deadline,
+                             std::function<void()> wake);
+  void WhenStatusChanges(uint64_t known_version, absl::Time deadline,
+                         std::function<void()> wake);
+
   v1::Reply ShareBest(const v1::ShareBestRequest& request);
 
   // A model this site holds, for FetchModel.
@@ -158,7 +167,11 @@ class SwarmController {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(absl::string_view what, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change that may turn a held permission request's answer (and the
+  // status): wakes both kinds of waiters.
   void Bump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A status change only (wakes held Status calls).
+  void StatusChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stamps a snapshot of the state file and posts its write (see
   // WritePendingState).
   void PersistState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -269,6 +282,8 @@ class SwarmController {
   uint64_t permission_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Local submission requests waiting for the next change (Bump).
   std::vector<std::function<void()>> permission_waiters_ ABSL_GUARDED_BY(mu_);
+  // Held Status calls waiting for the next status change.
+  std::vector<std::function<void()>> status_waiters_ ABSL_GUARDED_BY(mu_);
 
   // The state file's writes, outside mu_ (WritePendingState). Lock order:
   // write_mu_, then mu_, then pending_state_mu_.

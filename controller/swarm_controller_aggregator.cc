@@ -98,7 +98,7 @@ absl::StatusOr<ModelAdmission> SwarmController::AdmitResult(
   // The upload starts on a slot already taken: a status change only (see
   // RequestToSubmit). A refused or failed result frees its slot: a Bump.
   if (start.refused.ok() && !start.header_only) {
-    ++status_version_;
+    StatusChanged();
   } else {
     Bump();
   }
@@ -184,7 +184,7 @@ v1::SubmitPermissionReply SwarmController::RequestToSubmit(
     // A status change only: taking a slot turns no other request's RETRY
     // into an answer, so the held requests are not woken (a Bump wakes
     // every one of them).
-    ++status_version_;
+    StatusChanged();
   }
   OnRoundReport(*target, permission.report);
   return reply;

@@ -312,12 +312,18 @@ absl::StatusOr<Model> FetchModelFromPeer(grpc::ChannelInterface* channel,
   return model;
 }
 
+int RawModelService::AddCountedMethod(
+    grpc::internal::RpcServiceMethod* method) {
+  AddMethod(method);
+  return methods_added_++;
+}
+
 void RawModelService::AddModelUploadMethod(absl::string_view method,
                                            UploadHandler handler) {
   using Handler =
       grpc::internal::ClientStreamingHandler<RawModelService, grpc::ByteBuffer,
                                              v1::Reply>;
-  AddMethod(new grpc::internal::RpcServiceMethod(
+  AddCountedMethod(new grpc::internal::RpcServiceMethod(
       StoreName(method), grpc::internal::RpcMethod::CLIENT_STREAMING,
       new Handler(
           [handler](RawModelService*, grpc::ServerContext* context,
@@ -332,7 +338,7 @@ void RawModelService::AddModelDownloadMethod(absl::string_view method,
                                              DownloadHandler handler) {
   using Handler = grpc::internal::ServerStreamingHandler<
       RawModelService, v1::FetchModelRequest, grpc::ByteBuffer>;
-  AddMethod(new grpc::internal::RpcServiceMethod(
+  AddCountedMethod(new grpc::internal::RpcServiceMethod(
       StoreName(method), grpc::internal::RpcMethod::SERVER_STREAMING,
       new Handler(
           [handler](RawModelService*, grpc::ServerContext* context,

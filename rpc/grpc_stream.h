@@ -120,10 +120,22 @@ class RawModelService : public grpc::Service {
                                                  const Request*, Response*)>
                           handler);
 
+  // A unary method on gRPC's callback API: `handler` returns a reactor that
+  // finishes the call later (a held request parks no thread).
+  template <typename Request, typename Response>
+  void AddCallbackUnaryMethod(
+      absl::string_view method,
+      std::function<grpc::ServerUnaryReactor*(grpc::CallbackServerContext*,
+                                              const Request*, Response*)>
+          handler);
+
  private:
+  // Adds `method`; returns its index (for MarkMethodCallback).
+  int AddCountedMethod(grpc::internal::RpcServiceMethod* method);
   // RpcServiceMethod keeps a const char* to the name.
   const char* StoreName(absl::string_view method);
   std::vector<std::unique_ptr<std::string>> names_;
+  int methods_added_ = 0;
 };
 
 }  // namespace swarm

@@ -2,8 +2,10 @@
 #ifndef SWARM_RPC_GRPC_STREAM_INL_H_
 #define SWARM_RPC_GRPC_STREAM_INL_H_
 
+#include <grpcpp/impl/codegen/server_callback_handlers.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/server_callback.h>
 
 namespace swarm {
 
@@ -16,7 +18,7 @@ void RawModelService::AddUnaryMethod(
       grpc::internal::RpcMethodHandler<RawModelService, Request, Response,
                                        grpc::protobuf::MessageLite,
                                        grpc::protobuf::MessageLite>;
-  AddMethod(new grpc::internal::RpcServiceMethod(
+  AddCountedMethod(new grpc::internal::RpcServiceMethod(
       StoreName(method), grpc::internal::RpcMethod::NORMAL_RPC,
       new Handler(
           [handler](RawModelService*, grpc::ServerContext* context,
@@ -24,6 +26,22 @@ void RawModelService::AddUnaryMethod(
             return handler(context, request, response);
           },
           this)));
+}
+
+template <typename Request, typename Response>
+void RawModelService::AddCallbackUnaryMethod(
+    absl::string_view method,
+    std::function<grpc::ServerUnaryReactor*(grpc::CallbackServerContext*,
+                                            const Request*, Response*)>
+        handler) {
+  const int index = AddCountedMethod(new grpc::internal::RpcServiceMethod(
+      StoreName(method), grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+  MarkMethodCallback(
+      index, new grpc::internal::CallbackUnaryHandler<Request, Response>(
+                 [handler](grpc::CallbackServerContext* context,
+                           const Request* request, Response* response) {
+                   return handler(context, request, response);
+                 }));
 }
 
 }  // namespace swarm

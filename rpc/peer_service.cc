@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "controller/model_receiver.h"
 #include "config/job_config.h"
+#include "controller/model_receiver.h"
 #include "security/certificates.h"
 
 namespace swarm {
@@ -18,7 +18,7 @@ namespace {
 // so the reply arrives in time.
 constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
 
-absl::Time CallDeadline(const grpc::ServerContext* context) {
+absl::Time CallDeadline(const grpc::ServerContextBase* context) {
   const auto deadline = context->deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) {
     return absl::InfiniteFuture();
@@ -101,7 +101,7 @@ class PeerService::CallSlot {
   std::string peer_;
 };
 
-grpc::Status PeerService::Authorize(grpc::ServerContext* context,
+grpc::Status PeerService::Authorize(grpc::ServerContextBase* context,
                                     absl::string_view method, Rule rule,
                                     absl::string_view sender,
                                     std::unique_ptr<CallSlot>* slot) {
@@ -221,8 +221,9 @@ PeerService::PeerService(SwarmController* controller,
     return ReceiveModel(context, reader, reply);
   };
   AddModelUploadMethod("LearnTask", receive);
-  AddUnaryMethod<v1::SubmitPermissionRequest, v1::SubmitPermissionReply>(
-      "RequestToSubmit", [this](grpc::ServerContext* context,
+  AddCallbackUnaryMethod<v1::SubmitPermissionRequest,
+                         v1::SubmitPermissionReply>(
+      "RequestToSubmit", [this](grpc::CallbackServerContext* context,
                                 const v1::SubmitPermissionRequest* request,
                                 v1::SubmitPermissionReply* reply) {
         return RequestToSubmit(context, request, reply);
@@ -240,10 +241,10 @@ PeerService::PeerService(SwarmController* controller,
         return grpc::Status::OK;
       });
   AddModelUploadMethod("FinalResult", receive);
-  AddUnaryMethod<v1::StatusRequest, v1::StatusReply>(
+  AddCallbackUnaryMethod<v1::StatusRequest, v1::StatusReply>(
       "Status",
-      [this](grpc::ServerContext* context, const v1::StatusRequest* request,
-             v1::StatusReply* reply) {
+      [this](grpc::CallbackServerContext* context,
+             const v1::StatusRequest* request, v1::StatusReply* reply) {
         return Status(context, request, reply);
       });
   AddModelDownloadMethod(
@@ -305,65 +306,166 @@ grpc::Status PeerService::ReceiveModel(
     *reply = receiver.reply();
     return grpc::Status::OK;
   }
-  *reply = receiver.Receive(
-      [reader](Assembler* assembler) {
-        return ReceiveModelStream(reader, assembler);
-      });
+  *reply = receiver.Receive([reader](Assembler* assembler) {
+    return ReceiveModelStream(reader, assembler);
+  });
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::RequestToSubmit(
-    grpc::ServerContext* context, const v1::SubmitPermissionRequest* request,
+// A unary call answered now or held until something changes, as a reactor:
+// a held call parks no thread. `attempt(last)` computes the reply and says
+// whether it is the answer (with `last`, the deadline has come: it must be);
+// otherwise `wait(wake)` asks the controller to run `wake` at the next
+// change or at the deadline. The call finishes with `status()` once
+// answered, or CANCELLED when the client goes away.
+class PeerService::HeldCall final : public grpc::ServerUnaryReactor {
+ public:
+  using Attempt = std::function<bool(bool last)>;
+  using Wait = std::function<void(absl::Time until, std::function<void()>)>;
+
+  HeldCall(std::unique_ptr<CallSlot> slot, absl::Time deadline, Attempt attempt,
+           Wait wait, std::function<grpc::Status()> status)
+      : shared_(std::make_shared<Shared>()),
+        slot_(std::move(slot)),
+        deadline_(deadline),
+        attempt_(std::move(attempt)),
+        wait_(std::move(wait)),
+        status_(std::move(status)) {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->call = this;
+  }
+
+  void Start() { Wake(shared_); }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (shared_->call == nullptr) return;
+      shared_->call = nullptr;
+      slot_.reset();
+    }
+    Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // What a pending wake-up holds: the call, until it finishes.
+  struct Shared {
+    absl::Mutex mu;
+    HeldCall* call ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  static void Wake(const std::shared_ptr<Shared>& shared) {
+    HeldCall* finishing = nullptr;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&shared->mu);
+      HeldCall* call = shared->call;
+      if (call == nullptr) return;  // Answered or cancelled already.
+      const absl::Time now = absl::Now();
+      const bool last = now >= call->deadline_;
+      if (!call->attempt_(last) && !last) {
+        // Woken at the latest every 30 s, to look again.
+        call->wait_(std::min(call->deadline_, now + absl::Seconds(30)),
+                    [shared] { Wake(shared); });
+        return;
+      }
+      shared->call = nullptr;
+      call->slot_.reset();
+      status = call->status_();
+      finishing = call;
+    }
+    // Outside the lock: the reactor may be deleted (OnDone) from here on.
+    finishing->Finish(status);
+  }
+
+  const std::shared_ptr<Shared> shared_;
+  std::unique_ptr<CallSlot> slot_;
+  const absl::Time deadline_;
+  const Attempt attempt_;
+  const Wait wait_;
+  const std::function<grpc::Status()> status_;
+};
+
+grpc::ServerUnaryReactor* PeerService::RequestToSubmit(
+    grpc::CallbackServerContext* context,
+    const v1::SubmitPermissionRequest* request,
     v1::SubmitPermissionReply* reply) {
   std::unique_ptr<CallSlot> slot;
   grpc::Status allowed = Authorize(context, "RequestToSubmit", Rule::kSender,
                                    request->sender(), &slot);
-  if (!allowed.ok()) return allowed;
+  if (!allowed.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(allowed);
+    return reactor;
+  }
   // Hold a RETRY until a slot frees or the round opens (or the caller's
   // deadline is near), so no trainer sleeps while a slot is free.
-  const absl::Time deadline = CallDeadline(context) - kDeadlineMargin;
-  bool waited = false;
-  while (true) {
-    const uint64_t version = controller_->permission_version();
-    *reply = controller_->RequestToSubmit(*request);
-    if (reply->outcome() != v1::OUTCOME_RETRY || context->IsCancelled() ||
-        absl::Now() >= deadline) {
-      break;
-    }
-    controller_->WaitForPermissionChange(
-        version, std::min(deadline, absl::Now() + absl::Seconds(30)));
-    waited = true;
-  }
-  // The request was held as long as allowed: ask again at once.
-  if (waited && reply->outcome() == v1::OUTCOME_RETRY)
-    reply->set_retry_after_ms(0);
-  return grpc::Status::OK;
+  struct Asked {
+    uint64_t version = 0;
+    bool waited = false;
+  };
+  auto asked = std::make_shared<Asked>();
+  auto* call = new HeldCall(
+      std::move(slot), CallDeadline(context) - kDeadlineMargin,
+      [this, request, reply, asked](bool last) {
+        asked->version = controller_->permission_version();
+        *reply = controller_->RequestToSubmit(*request);
+        if (reply->outcome() != v1::OUTCOME_RETRY) return true;
+        // Held as long as allowed: the trainer asks again at once.
+        if (last && asked->waited) reply->set_retry_after_ms(0);
+        asked->waited = true;
+        return false;
+      },
+      [this, asked](absl::Time until, std::function<void()> wake) {
+        controller_->WhenPermissionChanges(asked->version, until,
+                                           std::move(wake));
+      },
+      [] { return grpc::Status::OK; });
+  call->Start();
+  return call;
 }
 
-grpc::Status PeerService::Status(grpc::ServerContext* context,
-                                 const v1::StatusRequest* request,
-                                 v1::StatusReply* reply) {
+grpc::ServerUnaryReactor* PeerService::Status(
+    grpc::CallbackServerContext* context, const v1::StatusRequest* request,
+    v1::StatusReply* reply) {
   std::unique_ptr<CallSlot> slot;
   grpc::Status allowed =
       Authorize(context, "Status", Rule::kAnyPeer, request->sender(), &slot);
-  if (!allowed.ok()) return allowed;
-  if (request->wait_for_change_ms() > 0) {
-    const absl::Time deadline = std::min(
-        CallDeadline(context) - kDeadlineMargin,
-        absl::Now() + absl::Milliseconds(request->wait_for_change_ms()));
-    *reply =
-        controller_->WaitForStatusChange(request->known_version(), deadline);
-  } else {
-    *reply = controller_->Status();
+  if (!allowed.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(allowed);
+    return reactor;
   }
-  if (!request->job_id().empty() &&
-      reply->status().job_id() != request->job_id()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("site runs job \"", reply->status().job_id(), "\", not \"",
-                     request->job_id(), "\""));
-  }
-  return grpc::Status::OK;
+  const absl::Time deadline =
+      request->wait_for_change_ms() == 0
+          ? absl::InfinitePast()
+          : std::min(CallDeadline(context) - kDeadlineMargin,
+                     absl::Now() + absl::Milliseconds(static_cast<int64_t>(
+                                       request->wait_for_change_ms())));
+  auto* call = new HeldCall(
+      std::move(slot), deadline,
+      [this, request, reply](bool last) {
+        *reply = controller_->Status();
+        return last || reply->version() != request->known_version();
+      },
+      [this, request](absl::Time until, std::function<void()> wake) {
+        controller_->WhenStatusChanges(request->known_version(), until,
+                                       std::move(wake));
+      },
+      [request, reply] {
+        if (!request->job_id().empty() &&
+            reply->status().job_id() != request->job_id()) {
+          return grpc::Status(
+              grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("site runs job \"", reply->status().job_id(),
+                           "\", not \"", request->job_id(), "\""));
+        }
+        return grpc::Status::OK;
+      });
+  call->Start();
+  return call;
 }
 
 grpc::Status PeerService::FetchModel(

@@ -50,22 +50,30 @@ class PeerService final : public RawModelService {
  private:
   enum class Rule { kAdmin, kAnyPeer, kSender, kFetch };
   class CallSlot;
+  class HeldCall;
 
   // Checks `rule` for the caller and takes one of its call slots (released
   // when `slot` goes away). The error is the gRPC status to return.
-  grpc::Status Authorize(grpc::ServerContext* context, absl::string_view method,
-                         Rule rule, absl::string_view sender,
+  grpc::Status Authorize(grpc::ServerContextBase* context,
+                         absl::string_view method, Rule rule,
+                         absl::string_view sender,
                          std::unique_ptr<CallSlot>* slot);
   void ReleaseSlot(const std::string& peer);
 
   grpc::Status ReceiveModel(grpc::ServerContext* context,
                             grpc::ServerReader<grpc::ByteBuffer>* reader,
                             v1::Reply* reply);
-  grpc::Status RequestToSubmit(grpc::ServerContext* context,
-                               const v1::SubmitPermissionRequest* request,
-                               v1::SubmitPermissionReply* reply);
-  grpc::Status Status(grpc::ServerContext* context,
-                      const v1::StatusRequest* request, v1::StatusReply* reply);
+  // Held calls, on the callback API: a RETRY permission answer is held
+  // until a slot frees or the round opens, a Status call with
+  // wait_for_change_ms until the status changes, each up to the caller's
+  // deadline, without a thread.
+  grpc::ServerUnaryReactor* RequestToSubmit(
+      grpc::CallbackServerContext* context,
+      const v1::SubmitPermissionRequest* request,
+      v1::SubmitPermissionReply* reply);
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const v1::StatusRequest* request,
+                                   v1::StatusReply* reply);
   grpc::Status FetchModel(grpc::ServerContext* context,
                           const v1::FetchModelRequest* request,
                           grpc::ServerWriter<grpc::ByteBuffer>* writer);

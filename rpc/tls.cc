@@ -25,7 +25,7 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(
   return grpc::SslCredentials(options);
 }
 
-PeerIdentity IdentityOf(const grpc::ServerContext& context) {
+PeerIdentity IdentityOf(const grpc::ServerContextBase& context) {
   PeerIdentity identity;
   identity.address = context.peer();
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();

@@ -29,7 +29,7 @@ struct PeerIdentity {
   std::string role;
   std::string address;  // the transport peer, for logs
 };
-PeerIdentity IdentityOf(const grpc::ServerContext& context);
+PeerIdentity IdentityOf(const grpc::ServerContextBase& context);
 
 }  // namespace swarm::security
 
