@@ -30,8 +30,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,10 +41,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "gatherer/aggregator.h"
@@ -308,9 +308,9 @@ absl::StatusOr<double> FreshProcessMemcpySeconds(const Config& config) {
   const std::string n = absl::StrCat(config.n);
   const std::string size = absl::StrCat(config.size);
   const std::string runs = absl::StrCat(config.memcpy_runs);
-  const char* argv[] = {"aggregate_bench", "--memcpy_only", "--n",   n.c_str(),
-                        "--size",          size.c_str(),    "--memcpy_runs",
-                        runs.c_str(),      nullptr};
+  const char* argv[] = {"aggregate_bench", "--memcpy_only", "--n",
+                        n.c_str(),         "--size",        size.c_str(),
+                        "--memcpy_runs",   runs.c_str(),    nullptr};
   std::fflush(stdout);
   const pid_t child = fork();
   if (child < 0) return absl::InternalError("fork failed");
@@ -508,16 +508,16 @@ int Main(int argc, char** argv) {
   }
   // Not used for the ratio: shows whether the aggregation runs left this
   // process copying slower than before them.
-  const double after_memcpy =
-      BestMemcpySeconds(config.size, config.n, 1, wire);
+  const double after_memcpy = BestMemcpySeconds(config.size, config.n, 1, wire);
   const double fedavg_rate = total / best.seconds;
-  std::printf("memcpy again after the FedAvg runs (this process, 1 run): "
-              "%.2f GB/s%s\n",
-              GBps(total, after_memcpy),
-              after_memcpy > best_memcpy / kFarBelow
-                  ? " (note: far below the limit above; the limit was "
-                    "measured before, so the ratio is not affected)"
-                  : "");
+  std::printf(
+      "memcpy again after the FedAvg runs (this process, 1 run): "
+      "%.2f GB/s%s\n",
+      GBps(total, after_memcpy),
+      after_memcpy > best_memcpy / kFarBelow
+          ? " (note: far below the limit above; the limit was "
+            "measured before, so the ratio is not affected)"
+          : "");
   std::printf(
       "fedavg (%s, results via sink): %.2f GB/s of result bytes, %.3f s = "
       "check %.3f + add %.3f + finish %.3f (best of %d), %.2f x memcpy\n",
