@@ -3,6 +3,7 @@
 //   aggregate_bench [--n 8] [--size 256MiB] [--coord_size 32MiB]
 //                   [--repeat 3] [--threads 0] [--offload_dir DIR]
 //                   [--fedavg_only] [--accumulator compensated|f64]
+//                   [--memcpy_runs 5] [--memcpy_only]
 //
 // FedAvg of n F32 results of `size` bytes each, fed one at a time the way
 // the daemon feeds them: each result streams in 1 MiB chunks into the
@@ -14,12 +15,21 @@
 // peak RSS (VmHWM) read right after it is FedAvg's own: running sum plus the
 // result in flight.
 //
-// In the same run: single-threaded memcpy over the same number of bytes
-// (n * size), FedAvg of results that did not come through the sink (Add
-// scans them first), FedAvg with the F64 accumulator, and median and trimmed
-// mean (smaller results by default: they write every result to disk and
-// sort n values per coordinate). FedAvg and memcpy are measured `repeat`
-// times and the best of each is used.
+// The limit, first: single-threaded memcpy over the same number of bytes
+// (n * size, copying one size-byte buffer into another n times, buffers
+// mapped like model storage and faulted in beforehand), best of
+// --memcpy_runs runs, measured both in a fresh process (this binary run
+// again with --memcpy_only, which prints the figure on its own too) and in
+// this one before any aggregation work, while it runs no other thread. The
+// higher figure is the limit every "x memcpy" divides by; a note says when
+// the two differ by more than 15%. After the FedAvg runs memcpy is measured
+// once more, for information only (a note when it fell far below).
+//
+// In the same run: FedAvg of results that did not come through the sink
+// (Add scans them first), FedAvg with the F64 accumulator, and median and
+// trimmed mean (smaller results by default: they write every result to disk
+// and sort n values per coordinate). FedAvg is measured `repeat` times and
+// the best run is used.
 //
 // Last line: aggregate_ratio=<FedAvg result bytes per second / memcpy bytes
 // per second>. Targets: ratio >= 0.7, and peak RSS <= 3x size with n = 8.
@@ -274,17 +284,32 @@ char* MapBytes(uint64_t size) {
   return static_cast<char*>(data);
 }
 
+// The fastest run of a memcpy measurement: wall seconds, and the share of
+// them the copying thread was on a core (its CPU time / wall time; below 1
+// when other processes took the core, or the hypervisor did).
+struct CopyTiming {
+  double seconds = 0;
+  double on_core = 0;
+};
+
+double ThreadCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec / 1e9;
+}
+
 // Single-threaded memcpy of `size` bytes, `n` times per run, between two
 // buffers that are faulted in before the first run; `runs` runs. Returns the
-// seconds of the fastest run. REQUIRES: no other thread of the process is
-// busy (the caller's job: the figure is a limit).
-double BestMemcpySeconds(uint64_t size, int n, int runs, const Wire& wire) {
+// fastest run. REQUIRES: no other thread of the process is busy (the
+// caller's job: the figure is a limit).
+CopyTiming BestMemcpy(uint64_t size, int n, int runs, const Wire& wire) {
   char* from = MapBytes(size);
   char* to = MapBytes(size);
   wire.Fill(from, size, 0);
   std::memset(to, 1, size);
-  double best = 0;
+  CopyTiming best;
   for (int run = 0; run < runs; ++run) {
+    const double cpu_start = ThreadCpuSeconds();
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < n; ++i) {
       std::memcpy(to, from, size);
@@ -292,17 +317,32 @@ double BestMemcpySeconds(uint64_t size, int n, int runs, const Wire& wire) {
       asm volatile("" : : "r"(to) : "memory");
     }
     const double seconds = Seconds(start);
-    if (run == 0 || seconds < best) best = seconds;
+    if (run == 0 || seconds < best.seconds) {
+      best.seconds = seconds;
+      best.on_core = (ThreadCpuSeconds() - cpu_start) / seconds;
+    }
   }
   munmap(from, size);
   munmap(to, size);
   return best;
 }
 
+// The value after `key` ("key=value\n") in `text`, or false.
+bool FindValue(const std::string& text, const std::string& key, double* value) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return false;
+  const size_t begin = at + key.size();
+  const size_t end = text.find('\n', begin);
+  return absl::SimpleAtod(
+      absl::StripAsciiWhitespace(absl::string_view(text).substr(
+          begin, end == std::string::npos ? end : end - begin)),
+      value);
+}
+
 // The same measurement in a fresh process: this binary run again with
 // --memcpy_only, so nothing this process did (allocations, freed memory,
-// threads) can affect it. Returns the child's seconds per run, or an error.
-absl::StatusOr<double> FreshProcessMemcpySeconds(const Config& config) {
+// threads) can affect it.
+absl::StatusOr<CopyTiming> FreshProcessMemcpy(const Config& config) {
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe failed");
   const std::string n = absl::StrCat(config.n);
@@ -353,20 +393,15 @@ absl::StatusOr<double> FreshProcessMemcpySeconds(const Config& config) {
   if (timed_out) {
     return absl::DeadlineExceededError("memcpy child took over 10 minutes");
   }
-  const std::string kKey = "memcpy_seconds=";
-  const size_t at = text.find(kKey);
-  double seconds = 0;
+  CopyTiming timing;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-      at == std::string::npos ||
-      !absl::SimpleAtod(
-          absl::StripAsciiWhitespace(absl::string_view(text).substr(
-              at + kKey.size(), text.find('\n', at) - at - kKey.size())),
-          &seconds) ||
-      seconds <= 0) {
+      !FindValue(text, "memcpy_seconds=", &timing.seconds) ||
+      !FindValue(text, "memcpy_on_core=", &timing.on_core) ||
+      timing.seconds <= 0) {
     return absl::InternalError(
         absl::StrCat("memcpy child failed (status ", status, "): ", text));
   }
-  return seconds;
+  return timing;
 }
 
 double GBps(double bytes, double seconds) { return bytes / seconds / 1e9; }
@@ -374,6 +409,9 @@ double GBps(double bytes, double seconds) { return bytes / seconds / 1e9; }
 // Two throughput figures of the same thing differ notably when one is below
 // this share of the other.
 constexpr double kFarBelow = 0.85;
+// A copy that was on a core less than this share of its time was slowed by
+// other processes.
+constexpr double kFullCore = 0.9;
 
 // "0.52 0.31 0.20" from /proc/loadavg (1, 5, 15 minutes).
 std::string LoadAverage() {
@@ -444,11 +482,15 @@ int Main(int argc, char** argv) {
   const Wire wire;
 
   if (config.memcpy_only) {
-    const double seconds =
-        BestMemcpySeconds(config.size, config.n, config.memcpy_runs, wire);
-    std::printf("memcpy (1 thread): %.2f GB/s over %s (best of %d)\n",
-                GBps(total, seconds), Mib(total).c_str(), config.memcpy_runs);
-    std::printf("memcpy_seconds=%.9f\n", seconds);
+    const CopyTiming copy =
+        BestMemcpy(config.size, config.n, config.memcpy_runs, wire);
+    std::printf(
+        "memcpy (1 thread): %.2f GB/s over %s (best of %d, on a core %.0f%% "
+        "of the time)\n",
+        GBps(total, copy.seconds), Mib(total).c_str(), config.memcpy_runs,
+        copy.on_core * 100);
+    std::printf("memcpy_seconds=%.9f\nmemcpy_on_core=%.4f\n", copy.seconds,
+                copy.on_core);
     return 0;
   }
 
@@ -469,26 +511,36 @@ int Main(int argc, char** argv) {
   // The memcpy limit, before any aggregation work and while this process
   // runs no other thread: in a fresh process (this binary again) and here,
   // best of --memcpy_runs each; the higher figure is the limit.
-  const double fresh_memcpy = OrDie(FreshProcessMemcpySeconds(config));
-  const double here_memcpy =
-      BestMemcpySeconds(config.size, config.n, config.memcpy_runs, wire);
-  const double best_memcpy = std::min(fresh_memcpy, here_memcpy);
-  const double memcpy_rate = total / best_memcpy;
+  const CopyTiming fresh = OrDie(FreshProcessMemcpy(config));
+  const CopyTiming here =
+      BestMemcpy(config.size, config.n, config.memcpy_runs, wire);
+  const CopyTiming& limit = fresh.seconds < here.seconds ? fresh : here;
+  const CopyTiming& other = fresh.seconds < here.seconds ? here : fresh;
+  const double memcpy_rate = total / limit.seconds;
   std::printf(
-      "memcpy (1 thread): %.2f GB/s over %s (best of %d in a fresh process "
-      "%.2f, in this process before aggregating %.2f)\n",
-      GBps(total, best_memcpy), Mib(total).c_str(), config.memcpy_runs,
-      GBps(total, fresh_memcpy), GBps(total, here_memcpy));
-  if (here_memcpy > fresh_memcpy / kFarBelow) {
-    std::printf(
-        "note: memcpy in this process is %.0f%% below a fresh process's: "
-        "something slows this process down; the limit is the fresh figure\n",
-        (1 - fresh_memcpy / here_memcpy) * 100);
-  } else if (fresh_memcpy > here_memcpy / kFarBelow) {
-    std::printf(
-        "note: memcpy in a fresh process was %.0f%% below this process's: "
-        "the machine is busy (other processes), so figures are noisy\n",
-        (1 - here_memcpy / fresh_memcpy) * 100);
+      "memcpy (1 thread): %.2f GB/s over %s (best of %d; in a fresh process "
+      "%.2f, on a core %.0f%% of the time; in this process before "
+      "aggregating %.2f, %.0f%%)\n",
+      GBps(total, limit.seconds), Mib(total).c_str(), config.memcpy_runs,
+      GBps(total, fresh.seconds), fresh.on_core * 100,
+      GBps(total, here.seconds), here.on_core * 100);
+  if (other.seconds * kFarBelow > limit.seconds) {
+    const char* slower =
+        &other == &here ? "in this process" : "in a fresh process";
+    if (other.on_core < kFullCore) {
+      std::printf(
+          "note: memcpy %s was %.0f%% slower and had a core only %.0f%% of "
+          "the time: other processes are running, figures are noisy\n",
+          slower, (1 - limit.seconds / other.seconds) * 100,
+          other.on_core * 100);
+    } else {
+      std::printf(
+          "note: memcpy %s was %.0f%% slower although it had a core all the "
+          "time: %s\n",
+          slower, (1 - limit.seconds / other.seconds) * 100,
+          &other == &here ? "something in this process slows copying"
+                          : "memory is busy (other processes)");
+    }
   }
   std::fflush(stdout);
 
@@ -508,15 +560,14 @@ int Main(int argc, char** argv) {
   }
   // Not used for the ratio: shows whether the aggregation runs left this
   // process copying slower than before them.
-  const double after_memcpy = BestMemcpySeconds(config.size, config.n, 1, wire);
+  const CopyTiming after = BestMemcpy(config.size, config.n, 1, wire);
   const double fedavg_rate = total / best.seconds;
   std::printf(
-      "memcpy again after the FedAvg runs (this process, 1 run): "
-      "%.2f GB/s%s\n",
-      GBps(total, after_memcpy),
-      after_memcpy > best_memcpy / kFarBelow
-          ? " (note: far below the limit above; the limit was "
-            "measured before, so the ratio is not affected)"
+      "memcpy again after the FedAvg runs (this process, 1 run, not used for "
+      "ratios): %.2f GB/s, on a core %.0f%% of the time%s\n",
+      GBps(total, after.seconds), after.on_core * 100,
+      after.seconds * kFarBelow > limit.seconds
+          ? " (note: far below the limit above)"
           : "");
   std::printf(
       "fedavg (%s, results via sink): %.2f GB/s of result bytes, %.3f s = "

@@ -10,6 +10,10 @@
 // GiB; with --tls, tls_stream_ratio=<gRPC memory-sink MB/s / raw TLS MB/s>;
 // and, last,
 //   stream_ratio=<gRPC memory-sink MB/s / raw TCP MB/s>
+// The raw limits are measured twice: first, before the receiver and gRPC
+// start (nothing else runs in either process), and then interleaved with the
+// gRPC runs. Ratios divide by the higher of the two medians; a note says
+// when they differ by more than 15%.
 //
 //   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3]
 //                [--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]
