@@ -580,9 +580,11 @@ int Main(int argc, char** argv) {
       "memcpy again after the FedAvg runs (this process, 1 run, not used for "
       "ratios): %.2f GB/s, on a core %.0f%% of the time%s\n",
       GBps(total, after.seconds), after.on_core * 100,
-      after.seconds * kFarBelow > limit.seconds
-          ? " (note: far below the limit above)"
-          : "");
+      after.seconds * kFarBelow <= limit.seconds ? ""
+      : after.on_core < kFullCore
+          ? " (note: far below the limit; other processes took the core)"
+          : " (note: far below the limit although it had a core all the "
+            "time: this process or the machine's memory slows copying)");
   std::printf(
       "fedavg (%s, results via sink): %.2f GB/s of result bytes, %.3f s = "
       "check %.3f + add %.3f + finish %.3f (best of %d), %.2f x memcpy\n",
