@@ -3,6 +3,7 @@
 //   aggregate_bench [--n 8] [--size 256MiB] [--coord_size 32MiB]
 //                   [--repeat 3] [--threads 0] [--offload_dir DIR]
 //                   [--fedavg_only] [--accumulator compensated|f64]
+//                   [--memcpy_runs 5] [--memcpy_only]
 //
 // FedAvg of n F32 results of `size` bytes each, fed one at a time the way
 // the daemon feeds them: each result streams in 1 MiB chunks into the
@@ -14,20 +15,33 @@
 // peak RSS (VmHWM) read right after it is FedAvg's own: running sum plus the
 // result in flight.
 //
-// In the same run: single-threaded memcpy over the same number of bytes
-// (n * size), FedAvg of results that did not come through the sink (Add
-// scans them first), FedAvg with the F64 accumulator, and median and trimmed
-// mean (smaller results by default: they write every result to disk and
-// sort n values per coordinate). FedAvg and memcpy are measured `repeat`
-// times and the best of each is used.
+// The limit, first: single-threaded memcpy over the same number of bytes
+// (n * size, copying one size-byte buffer into another n times, buffers
+// mapped like model storage and faulted in beforehand), best of
+// --memcpy_runs runs, measured both in a fresh process (this binary run
+// again with --memcpy_only, which prints the figure on its own too) and in
+// this one before any aggregation work, while it runs no other thread. The
+// higher figure is the limit every "x memcpy" divides by; a note says when
+// the two differ by more than 15%. After the FedAvg runs memcpy is measured
+// once more, for information only (a note when it fell far below).
+//
+// In the same run: FedAvg of results that did not come through the sink
+// (Add scans them first), FedAvg with the F64 accumulator, and median and
+// trimmed mean (smaller results by default: they write every result to disk
+// and sort n values per coordinate). FedAvg is measured `repeat` times and
+// the best run is used.
 //
 // Last line: aggregate_ratio=<FedAvg result bytes per second / memcpy bytes
 // per second>. Targets: ratio >= 0.7, and peak RSS <= 3x size with n = 8.
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +114,13 @@ std::string Mib(uint64_t bytes) {
   return absl::StrFormat("%.0fMiB", bytes / 1048576.0);
 }
 
+// Starts VmHWM over from the current resident set (Linux 4.0+), so that
+// PeakRss() covers only what runs from here on.
+void ResetPeakRss() {
+  std::ofstream clear_refs("/proc/self/clear_refs");
+  clear_refs << "5";
+}
+
 // Peak resident set of the process so far, in bytes (VmHWM).
 uint64_t PeakRss() {
   std::ifstream status("/proc/self/status");
@@ -119,6 +141,11 @@ struct Config {
   int threads = 0;
   std::string offload_dir;
   bool fedavg_only = false;
+  // Runs of the memcpy limit (each copies n * size bytes); the best counts.
+  int memcpy_runs = 5;
+  // Only measure the memcpy limit and print memcpy_seconds= (the fresh
+  // process the bench starts for its comparison; usable on its own).
+  bool memcpy_only = false;
   F32Accumulator accumulator = F32Accumulator::kCompensated;
 };
 
@@ -246,33 +273,167 @@ RunResult RunUncheckedModels(const Config& config,
   return run;
 }
 
+// `size` bytes of anonymous memory laid out like model storage (HeapStorage:
+// huge pages advised for large buffers), so that memcpy and the aggregators
+// work on the same kind of memory.
 char* MapBytes(uint64_t size) {
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (data == MAP_FAILED) Die("mmap failed");
+  if (size >= (4ull << 20)) madvise(data, size, MADV_HUGEPAGE);  // A hint.
   return static_cast<char*>(data);
 }
 
-// Single-threaded memcpy of `size` bytes, `n` times, between two buffers
-// that are already faulted in. Returns seconds.
-double MeasureMemcpy(uint64_t size, int n, const Wire& wire) {
+// The fastest run of a memcpy measurement: wall seconds, and the share of
+// them the copying thread was on a core (its CPU time / wall time; below 1
+// when other processes took the core, or the hypervisor did).
+struct CopyTiming {
+  double seconds = 0;
+  double on_core = 0;
+};
+
+double ThreadCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec / 1e9;
+}
+
+// Single-threaded memcpy of `size` bytes, `n` times per run, between two
+// buffers that are faulted in before the first run; `runs` runs. Returns the
+// fastest run. REQUIRES: no other thread of the process is busy (the
+// caller's job: the figure is a limit).
+CopyTiming BestMemcpy(uint64_t size, int n, int runs, const Wire& wire) {
   char* from = MapBytes(size);
   char* to = MapBytes(size);
   wire.Fill(from, size, 0);
   std::memset(to, 1, size);
-  const Clock::time_point start = Clock::now();
-  for (int i = 0; i < n; ++i) {
-    std::memcpy(to, from, size);
-    // Keep the copy observable.
-    asm volatile("" : : "r"(to) : "memory");
+  CopyTiming best;
+  for (int run = 0; run < runs; ++run) {
+    const double cpu_start = ThreadCpuSeconds();
+    const Clock::time_point start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(to, from, size);
+      // Keep the copy observable.
+      asm volatile("" : : "r"(to) : "memory");
+    }
+    const double seconds = Seconds(start);
+    if (run == 0 || seconds < best.seconds) {
+      best.seconds = seconds;
+      best.on_core = (ThreadCpuSeconds() - cpu_start) / seconds;
+    }
   }
-  const double seconds = Seconds(start);
   munmap(from, size);
   munmap(to, size);
-  return seconds;
+  return best;
+}
+
+// The value after `key` ("key=value\n") in `text`, or false.
+bool FindValue(const std::string& text, const std::string& key, double* value) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return false;
+  const size_t begin = at + key.size();
+  const size_t end = text.find('\n', begin);
+  return absl::SimpleAtod(
+      absl::StripAsciiWhitespace(absl::string_view(text).substr(
+          begin, end == std::string::npos ? end : end - begin)),
+      value);
+}
+
+// The same measurement in a fresh process: this binary run again with
+// --memcpy_only, so nothing this process did (allocations, freed memory,
+// threads) can affect it.
+absl::StatusOr<CopyTiming> FreshProcessMemcpy(const Config& config) {
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe failed");
+  const std::string n = absl::StrCat(config.n);
+  const std::string size = absl::StrCat(config.size);
+  const std::string runs = absl::StrCat(config.memcpy_runs);
+  const char* argv[] = {"aggregate_bench", "--memcpy_only", "--n",
+                        n.c_str(),         "--size",        size.c_str(),
+                        "--memcpy_runs",   runs.c_str(),    nullptr};
+  std::fflush(stdout);
+  const pid_t child = fork();
+  if (child < 0) return absl::InternalError("fork failed");
+  if (child == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execv("/proc/self/exe", const_cast<char* const*>(argv));
+    std::fprintf(stderr, "aggregate_bench: cannot run /proc/self/exe: %s\n",
+                 std::strerror(errno));
+    _exit(127);
+  }
+  close(out[1]);
+  // Bounded: the child copies a few GB; 10 minutes is far beyond that.
+  std::string text;
+  const Clock::time_point deadline = Clock::now() + std::chrono::minutes(10);
+  bool timed_out = false;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd poll_fd = {out[0], POLLIN, 0};
+    if (poll(&poll_fd, 1, static_cast<int>(left.count())) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    char buffer[512];
+    const ssize_t got = read(out[0], buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    text.append(buffer, got);
+  }
+  close(out[0]);
+  if (timed_out) kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (timed_out) {
+    return absl::DeadlineExceededError("memcpy child took over 10 minutes");
+  }
+  CopyTiming timing;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      !FindValue(text, "memcpy_seconds=", &timing.seconds) ||
+      !FindValue(text, "memcpy_on_core=", &timing.on_core) ||
+      timing.seconds <= 0) {
+    return absl::InternalError(
+        absl::StrCat("memcpy child failed (status ", status, "): ", text));
+  }
+  return timing;
 }
 
 double GBps(double bytes, double seconds) { return bytes / seconds / 1e9; }
+
+// Two throughput figures of the same thing differ notably when one is below
+// this share of the other.
+constexpr double kFarBelow = 0.85;
+// A copy that was on a core less than this share of its time was slowed by
+// other processes.
+constexpr double kFullCore = 0.9;
+
+// The last line. FedAvg reads every result byte at least once, memcpy reads
+// and writes each byte, so at the same bandwidth per core FedAvg on up to
+// two threads stays below 2x memcpy (its sum adds more traffic still): a
+// higher ratio means a wrong limit.
+void PrintRatio(double ratio, const Config& config) {
+  if (ratio > 2 && config.threads <= 2) {
+    std::printf(
+        "note: FedAvg on up to 2 threads above 2x memcpy is not credible (it "
+        "reads every result byte, memcpy reads and writes each): the machine "
+        "was busier while the limit was measured than later\n");
+  }
+  std::printf("aggregate_ratio=%.3f\n", ratio);
+}
+
+// "0.52 0.31 0.20" from /proc/loadavg (1, 5, 15 minutes).
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
 
 int Main(int argc, char** argv) {
   Config config;
@@ -306,6 +467,13 @@ int Main(int argc, char** argv) {
       config.offload_dir = std::string(value());
     } else if (arg == "--fedavg_only") {
       config.fedavg_only = true;
+    } else if (arg == "--memcpy_runs") {
+      if (!absl::SimpleAtoi(value(), &config.memcpy_runs) ||
+          config.memcpy_runs < 1) {
+        Die("--memcpy_runs must be a positive integer");
+      }
+    } else if (arg == "--memcpy_only") {
+      config.memcpy_only = true;
     } else if (arg == "--accumulator") {
       const absl::string_view name = value();
       if (name == "compensated") {
@@ -318,13 +486,27 @@ int Main(int argc, char** argv) {
     } else {
       Die(absl::StrCat("unknown argument ", arg,
                        " (--n --size --coord_size --repeat --threads "
-                       "--offload_dir --fedavg_only --accumulator)"));
+                       "--offload_dir --fedavg_only --accumulator "
+                       "--memcpy_runs --memcpy_only)"));
     }
   }
   config.size = config.size / 4 * 4;
   config.coord_size = config.coord_size / 4 * 4;
   const double total = static_cast<double>(config.n) * config.size;
   const Wire wire;
+
+  if (config.memcpy_only) {
+    const CopyTiming copy =
+        BestMemcpy(config.size, config.n, config.memcpy_runs, wire);
+    std::printf(
+        "memcpy (1 thread): %.2f GB/s over %s (best of %d, on a core %.0f%% "
+        "of the time)\n",
+        GBps(total, copy.seconds), Mib(total).c_str(), config.memcpy_runs,
+        copy.on_core * 100);
+    std::printf("memcpy_seconds=%.9f\nmemcpy_on_core=%.4f\n", copy.seconds,
+                copy.on_core);
+    return 0;
+  }
 
   AggregatorOptions fedavg;
   fedavg.num_threads = config.threads;
@@ -335,29 +517,74 @@ int Main(int argc, char** argv) {
           : "F64 accumulator";
   std::printf(
       "aggregate_bench: n=%d size=%s F32, threads=%d (0 = up to 2), "
-      "%ld cores online, kernels %s\n",
+      "%ld cores online, kernels %s, load average %s\n",
       config.n, Mib(config.size).c_str(), config.threads,
-      sysconf(_SC_NPROCESSORS_ONLN), agg_internal::KernelIsaName());
+      sysconf(_SC_NPROCESSORS_ONLN), agg_internal::KernelIsaName(),
+      LoadAverage().c_str());
+
+  // The memcpy limit, before any aggregation work and while this process
+  // runs no other thread: in a fresh process (this binary again) and here,
+  // best of --memcpy_runs each; the higher figure is the limit.
+  const CopyTiming fresh = OrDie(FreshProcessMemcpy(config));
+  const CopyTiming here =
+      BestMemcpy(config.size, config.n, config.memcpy_runs, wire);
+  const CopyTiming& limit = fresh.seconds < here.seconds ? fresh : here;
+  const CopyTiming& other = fresh.seconds < here.seconds ? here : fresh;
+  const double memcpy_rate = total / limit.seconds;
+  std::printf(
+      "memcpy (1 thread): %.2f GB/s over %s (best of %d; in a fresh process "
+      "%.2f, on a core %.0f%% of the time; in this process before "
+      "aggregating %.2f, %.0f%%)\n",
+      GBps(total, limit.seconds), Mib(total).c_str(), config.memcpy_runs,
+      GBps(total, fresh.seconds), fresh.on_core * 100,
+      GBps(total, here.seconds), here.on_core * 100);
+  if (other.seconds * kFarBelow > limit.seconds) {
+    const char* slower =
+        &other == &here ? "in this process" : "in a fresh process";
+    if (other.on_core < kFullCore) {
+      std::printf(
+          "note: memcpy %s was %.0f%% slower and had a core only %.0f%% of "
+          "the time: other processes are running, figures are noisy\n",
+          slower, (1 - limit.seconds / other.seconds) * 100,
+          other.on_core * 100);
+    } else {
+      std::printf(
+          "note: memcpy %s was %.0f%% slower although it had a core all the "
+          "time: %s\n",
+          slower, (1 - limit.seconds / other.seconds) * 100,
+          &other == &here ? "something in this process slows copying"
+                          : "memory is busy (other processes)");
+    }
+  }
+  std::fflush(stdout);
 
   // The round's base model, zero (full-weights FedAvg never reads it), kept
   // for all runs like a daemon keeps its global model.
   const auto base =
       std::make_shared<const Model>(OrDie(Model::Create(Layout(config.size))));
-  // FedAvg first: its peak RSS is read before anything else allocates.
+  // FedAvg first: its peak RSS is read before anything else allocates (the
+  // memcpy buffers are gone; the peak starts over from here).
+  ResetPeakRss();
   RunResult best = RunThroughSinks(config, fedavg, base, wire);
   const uint64_t peak = PeakRss();
   const RunResult cold = best;
-  double best_memcpy = MeasureMemcpy(config.size, config.n, wire);
   for (int rep = 1; rep < config.repeat; ++rep) {
     const RunResult run = RunThroughSinks(config, fedavg, base, wire);
     if (run.seconds < best.seconds) best = run;
-    best_memcpy =
-        std::min(best_memcpy, MeasureMemcpy(config.size, config.n, wire));
   }
-  const double memcpy_rate = total / best_memcpy;
+  // Not used for the ratio: shows whether the aggregation runs left this
+  // process copying slower than before them.
+  const CopyTiming after = BestMemcpy(config.size, config.n, 1, wire);
   const double fedavg_rate = total / best.seconds;
-  std::printf("memcpy (1 thread): %.2f GB/s over %s (best of %d)\n",
-              GBps(total, best_memcpy), Mib(total).c_str(), config.repeat);
+  std::printf(
+      "memcpy again after the FedAvg runs (this process, 1 run, not used for "
+      "ratios): %.2f GB/s, on a core %.0f%% of the time%s\n",
+      GBps(total, after.seconds), after.on_core * 100,
+      after.seconds * kFarBelow <= limit.seconds ? ""
+      : after.on_core < kFullCore
+          ? " (note: far below the limit; other processes took the core)"
+          : " (note: far below the limit although it had a core all the "
+            "time: this process or the machine's memory slows copying)");
   std::printf(
       "fedavg (%s, results via sink): %.2f GB/s of result bytes, %.3f s = "
       "check %.3f + add %.3f + finish %.3f (best of %d), %.2f x memcpy\n",
@@ -373,7 +600,7 @@ int Main(int argc, char** argv) {
               config.n);
 
   if (config.fedavg_only) {
-    std::printf("aggregate_ratio=%.3f\n", fedavg_rate / memcpy_rate);
+    PrintRatio(fedavg_rate / memcpy_rate, config);
     return 0;
   }
 
@@ -436,7 +663,7 @@ int Main(int argc, char** argv) {
   }
   if (remove_dir) rmdir(offload_dir.c_str());
 
-  std::printf("aggregate_ratio=%.3f\n", fedavg_rate / memcpy_rate);
+  PrintRatio(fedavg_rate / memcpy_rate, config);
   return 0;
 }
 

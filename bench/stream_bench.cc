@@ -10,6 +10,10 @@
 // GiB; with --tls, tls_stream_ratio=<gRPC memory-sink MB/s / raw TLS MB/s>;
 // and, last,
 //   stream_ratio=<gRPC memory-sink MB/s / raw TCP MB/s>
+// The raw limits are measured twice: first, before the receiver and gRPC
+// start (nothing else runs in either process), and then interleaved with the
+// gRPC runs. Ratios divide by the higher of the two medians; a note says
+// when they differ by more than 15%.
 //
 //   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3]
 //                [--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]
@@ -156,10 +160,46 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return options;
 }
 
+// Two throughput figures of the same thing differ notably when one is below
+// this share of the other.
+constexpr double kFarBelow = 0.85;
+
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
+
+// A raw loopback limit: measured before anything else runs (`before`, one
+// figure per run) and alongside the gRPC runs (`alongside`, their median).
+struct RawLimit {
+  std::vector<double> before;
+  double alongside = 0;
+
+  // Prints both and returns the limit the ratios divide by: the higher
+  // median, so that a raw figure slowed by whatever else ran in this process
+  // cannot inflate a ratio.
+  double Print(const char* name) const {
+    const double first = Median(before);
+    const double limit = std::max(first, alongside);
+    std::printf(
+        "%s limit: %.1f MB/s (median before the receiver and gRPC "
+        "started %.1f, alongside the gRPC runs %.1f)\n",
+        name, limit, first, alongside);
+    if (alongside < kFarBelow * first) {
+      std::printf(
+          "note: %s alongside the gRPC runs is %.0f%% below its "
+          "figure before them: something else ran meanwhile (here or on the "
+          "machine)\n",
+          name, (1 - alongside / first) * 100);
+    } else if (first < kFarBelow * alongside) {
+      std::printf(
+          "note: %s before the gRPC runs is %.0f%% below its figure "
+          "alongside them: the machine is busy, figures are noisy\n",
+          name, (1 - first / alongside) * 100);
+    }
+    return limit;
+  }
+};
 
 // As gRPC sets on its sockets: no Nagle delay for a stream's last bytes.
 void SetNoDelay(int fd) {
@@ -550,6 +590,50 @@ int Run(const Options& options) {
     }
     tls = *std::move(material);
   }
+  std::shared_ptr<SSL_CTX> raw_tls_server;
+  std::shared_ptr<SSL_CTX> raw_tls_client;
+  if (tls.has_value()) {
+    absl::StatusOr<std::shared_ptr<SSL_CTX>> server_ctx = RawTlsContext(
+        true, tls->server.key_pem, tls->server.cert_pem, tls->ca_cert);
+    absl::StatusOr<std::shared_ptr<SSL_CTX>> client_ctx = RawTlsContext(
+        false, tls->client.key_pem, tls->client.cert_pem, tls->ca_cert);
+    if (!server_ctx.ok() || !client_ctx.ok()) {
+      std::fprintf(stderr, "raw TLS: %s\n",
+                   (server_ctx.ok() ? client_ctx.status() : server_ctx.status())
+                       .ToString()
+                       .c_str());
+      return 1;
+    }
+    raw_tls_server = *server_ctx;
+    raw_tls_client = *client_ctx;
+  }
+  // The raw limits once more, before anything else runs: no receiver, no
+  // gRPC threads, nothing streamed yet. A ratio divides by the higher of
+  // this and the figure measured alongside the gRPC runs, so nothing the
+  // gRPC parts leave running can inflate it.
+  // Like every measurement, one cold run first that does not count.
+  RawLimit tcp_limit;
+  RawLimit tls_limit;
+  for (int i = 0; i <= options.repeat; ++i) {
+    absl::StatusOr<double> mbps = RawTcpMBps(options.size);
+    if (!mbps.ok()) {
+      std::fprintf(stderr, "raw loopback TCP: %s\n",
+                   mbps.status().ToString().c_str());
+      return 1;
+    }
+    if (i > 0) tcp_limit.before.push_back(*mbps);
+    if (tls.has_value()) {
+      mbps =
+          RawTlsMBps(options.size, raw_tls_server.get(), raw_tls_client.get());
+      if (!mbps.ok()) {
+        std::fprintf(stderr, "raw loopback TLS: %s\n",
+                     mbps.status().ToString().c_str());
+        return 1;
+      }
+      if (i > 0) tls_limit.before.push_back(*mbps);
+    }
+  }
+
   // The receiver: a child process (as a peer site is), forked before this
   // process starts any thread; or, with --same-process, a server here.
   BenchPeer peer;
@@ -638,23 +722,7 @@ int Run(const Options& options) {
   std::vector<Measurement> measurements;
   measurements.push_back(
       {"raw loopback TCP", [&] { return RawTcpMBps(options.size); }, false});
-  std::shared_ptr<SSL_CTX> raw_tls_server;
-  std::shared_ptr<SSL_CTX> raw_tls_client;
   if (tls.has_value()) {
-    absl::StatusOr<std::shared_ptr<SSL_CTX>> server_ctx = RawTlsContext(
-        true, tls->server.key_pem, tls->server.cert_pem, tls->ca_cert);
-    absl::StatusOr<std::shared_ptr<SSL_CTX>> client_ctx = RawTlsContext(
-        false, tls->client.key_pem, tls->client.cert_pem, tls->ca_cert);
-    if (!server_ctx.ok() || !client_ctx.ok()) {
-      std::fprintf(stderr, "raw TLS: %s\n",
-                   (server_ctx.ok() ? client_ctx.status() : server_ctx.status())
-                       .ToString()
-                       .c_str());
-      stop_receiver();
-      return 1;
-    }
-    raw_tls_server = *server_ctx;
-    raw_tls_client = *client_ctx;
     measurements.push_back({"raw loopback TLS",
                             [&] {
                               return RawTlsMBps(options.size,
@@ -721,15 +789,20 @@ int Run(const Options& options) {
     for (double f : m.figures) std::printf(" %.0f", f);
     std::printf(")\n");
   }
-  const double tcp = Median(measurements[0].figures);
+  tcp_limit.alongside = Median(measurements[0].figures);
+  const double tcp = tcp_limit.Print("raw loopback TCP");
+  double raw_tls = 0;
+  if (tls.has_value()) {
+    tls_limit.alongside = Median(measurements[raw_tls_index].figures);
+    raw_tls = tls_limit.Print("raw loopback TLS");
+  }
   if (options.disk) {
     std::printf("disk_ratio=%.3f\n", Median(measurements.back().figures) / tcp);
   }
   if (options.memory && tls.has_value()) {
     // How much of TLS's own throughput the gRPC stream keeps.
     std::printf("tls_stream_ratio=%.3f\n",
-                Median(measurements[memory_index].figures) /
-                    Median(measurements[raw_tls_index].figures));
+                Median(measurements[memory_index].figures) / raw_tls);
   }
   if (options.memory) {
     std::printf("stream_ratio=%.3f\n",
