@@ -194,6 +194,23 @@ class SiteStepTest : public ::testing::Test {
     ASSERT_EQ(site_->Configure(configure).outcome(), v1::OUTCOME_OK);
   }
 
+  // Makes the aggregator of `round` (a non-trainer) and opens `round` there
+  // with two expected trainers, which it returns.
+  std::vector<std::string> OpenRoundHere(uint32_t round) {
+    const std::string self = view_.AggregatorOf(round);
+    MakeSite(self);
+    std::vector<std::string> trainers;
+    for (const std::string& name : view_.trainers()) {
+      if (name != self) trainers.push_back(name);
+    }
+    EXPECT_GE(trainers.size(), 2u);
+    trainers.resize(2);
+    EXPECT_TRUE(Stream(LearnTask(round, trainers), GlobalModel()).ok());
+    RunDue();
+    transport_.Take();
+    return trainers;
+  }
+
   // Runs what is due now (not the timers of later times).
   void RunDue() { runner_.AdvanceTo(runner_.Now()); }
 
@@ -367,17 +384,8 @@ TEST_F(SiteStepTest, TrainerAsksUntilGrantedThenSubmits) {
 
 TEST_F(SiteStepTest, HeldPermissionIsGrantedTheMomentASlotFrees) {
   // The site aggregates round 0 and does not train it; two trainers.
-  const std::string self = view_.AggregatorOf(0);
-  MakeSite(self);
-  std::vector<std::string> trainers;
-  for (const std::string& name : view_.trainers()) {
-    if (name != self) trainers.push_back(name);
-  }
-  ASSERT_GE(trainers.size(), 2u);
-  trainers.resize(2);
-  ASSERT_TRUE(Stream(LearnTask(0, trainers), GlobalModel()).ok());
-  RunDue();
-  transport_.Take();
+  const std::vector<std::string> trainers = OpenRoundHere(0);
+  if (HasFatalFailure()) return;
 
   ASSERT_EQ(Ask(trainers[0], 0).outcome(), v1::OUTCOME_OK)
       << Ask(trainers[0], 0).ShortDebugString();
@@ -398,15 +406,8 @@ TEST_F(SiteStepTest, HeldPermissionIsGrantedTheMomentASlotFrees) {
 
 TEST_F(SiteStepTest, LastExpectedResultAggregatesPersistsAndScattersNext) {
   const std::string self = view_.AggregatorOf(0);
-  MakeSite(self);
-  std::vector<std::string> trainers;
-  for (const std::string& name : view_.trainers()) {
-    if (name != self) trainers.push_back(name);
-  }
-  trainers.resize(2);
-  ASSERT_TRUE(Stream(LearnTask(0, trainers), GlobalModel()).ok());
-  RunDue();
-  transport_.Take();
+  const std::vector<std::string> trainers = OpenRoundHere(0);
+  if (HasFatalFailure()) return;
   for (const std::string& trainer : trainers) {
     ASSERT_EQ(Ask(trainer, 0).outcome(), v1::OUTCOME_OK);
     absl::StatusOr<v1::Reply> reply = Stream(Result(trainer, 0), GlobalModel());
@@ -437,15 +438,8 @@ TEST_F(SiteStepTest, LastExpectedResultAggregatesPersistsAndScattersNext) {
 
 TEST_F(SiteStepTest, RoundTimeoutClosesWithoutTheMissingTrainer) {
   const std::string self = view_.AggregatorOf(0);
-  MakeSite(self);
-  std::vector<std::string> trainers;
-  for (const std::string& name : view_.trainers()) {
-    if (name != self) trainers.push_back(name);
-  }
-  trainers.resize(2);
-  ASSERT_TRUE(Stream(LearnTask(0, trainers), GlobalModel()).ok());
-  RunDue();
-  transport_.Take();
+  const std::vector<std::string> trainers = OpenRoundHere(0);
+  if (HasFatalFailure()) return;
   ASSERT_EQ(Ask(trainers[0], 0).outcome(), v1::OUTCOME_OK)
       << Ask(trainers[0], 0).ShortDebugString();
   ASSERT_TRUE(Stream(Result(trainers[0], 0), GlobalModel()).ok());
@@ -465,15 +459,8 @@ TEST_F(SiteStepTest, LastAggregatorSendsLastBeforeBest) {
   // The site aggregates the last round, and its input scores best: it holds
   // the best model, and distributes LAST to every site before BEST.
   const std::string self = view_.AggregatorOf(1);
-  MakeSite(self);
-  std::vector<std::string> trainers;
-  for (const std::string& name : view_.trainers()) {
-    if (name != self) trainers.push_back(name);
-  }
-  trainers.resize(2);
-  ASSERT_TRUE(Stream(LearnTask(1, trainers), GlobalModel()).ok());
-  RunDue();
-  transport_.Take();
+  const std::vector<std::string> trainers = OpenRoundHere(1);
+  if (HasFatalFailure()) return;
   for (const std::string& trainer : trainers) {
     ASSERT_EQ(Ask(trainer, 1).outcome(), v1::OUTCOME_OK);
     ASSERT_TRUE(Stream(Result(trainer, 1), GlobalModel()).ok());

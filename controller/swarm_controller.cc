@@ -68,42 +68,47 @@ bool SwarmController::Active() const {
 void SwarmController::Bump() {
   StatusChanged();
   ++permission_version_;
-  for (std::function<void()>& waiter : permission_waiters_) {
-    runner_->Post(std::move(waiter));
-  }
-  permission_waiters_.clear();
+  WakeAll(permission_waiters_);
 }
 
 void SwarmController::StatusChanged() {
   ++status_version_;
-  for (std::function<void()>& waiter : status_waiters_) {
+  WakeAll(status_waiters_);
+}
+
+void SwarmController::WakeAll(std::vector<std::function<void()>>& waiters) {
+  for (std::function<void()>& waiter : waiters) {
     runner_->Post(std::move(waiter));
   }
-  status_waiters_.clear();
+  waiters.clear();
+}
+
+void SwarmController::WakeOnChange(uint64_t version, uint64_t known_version,
+                                   std::vector<std::function<void()>>& waiters,
+                                   absl::Time deadline,
+                                   std::function<void()> wake) {
+  if (version != known_version) {
+    runner_->Post(std::move(wake));
+    return;
+  }
+  runner_->PostAt(deadline, wake);
+  waiters.push_back(std::move(wake));
 }
 
 void SwarmController::WhenPermissionChanges(uint64_t known_version,
                                             absl::Time deadline,
                                             std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  if (permission_version_ != known_version) {
-    runner_->Post(std::move(wake));
-    return;
-  }
-  runner_->PostAt(deadline, wake);
-  permission_waiters_.push_back(std::move(wake));
+  WakeOnChange(permission_version_, known_version, permission_waiters_,
+               deadline, std::move(wake));
 }
 
 void SwarmController::WhenStatusChanges(uint64_t known_version,
                                         absl::Time deadline,
                                         std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  if (status_version_ != known_version) {
-    runner_->Post(std::move(wake));
-    return;
-  }
-  runner_->PostAt(deadline, wake);
-  status_waiters_.push_back(std::move(wake));
+  WakeOnChange(status_version_, known_version, status_waiters_, deadline,
+               std::move(wake));
 }
 
 void SwarmController::SetState(v1::SiteState state) {

@@ -172,6 +172,15 @@ class SwarmController {
   void Bump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A status change only (wakes held Status calls).
   void StatusChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts every waiter to the runner and forgets them.
+  void WakeAll(std::vector<std::function<void()>>& waiters)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts `wake` now if `version` moved past `known_version`; otherwise
+  // keeps it in `waiters` and also posts it at `deadline`.
+  void WakeOnChange(uint64_t version, uint64_t known_version,
+                    std::vector<std::function<void()>>& waiters,
+                    absl::Time deadline, std::function<void()> wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stamps a snapshot of the state file and posts its write (see
   // WritePendingState).
   void PersistState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
