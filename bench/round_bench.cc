@@ -25,7 +25,8 @@
 // daemons share. Prints, per size, the median (and min, p90, max) ms per
 // round, the whole job's wall time, the CPU time all daemons used per round
 // (user + system, from /proc; a figure other work on the machine barely
-// skews, unlike the wall times: the load average is printed too), and as
+// skews, unlike the wall times: the load average is printed too), the most
+// threads any one daemon had during the job (sampled every 10 ms), and as
 // its last line
 //   round_ms_16=<median at 16 sites>
 // (the target is <= 30 ms at 16 sites).
@@ -51,23 +52,26 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
-#include "security/provision.h"
 #include "rpc/tls.h"
+#include "security/provision.h"
 
 extern char** environ;
 
@@ -221,6 +225,62 @@ double TotalCpuMillis(const std::vector<Daemon>& daemons) {
   return total;
 }
 
+// The threads of process `pid` now (0 if it is gone).
+int ThreadCount(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    int threads = 0;
+    if (absl::StartsWith(line, "Threads:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)),
+                         &threads)) {
+      return threads;
+    }
+  }
+  return 0;
+}
+
+// Samples every daemon's thread count every 10 ms on its own thread while
+// alive, keeping the most any one had (a held request or stream that parks
+// a thread shows here).
+class ThreadSampler {
+ public:
+  explicit ThreadSampler(const std::vector<Daemon>& daemons)
+      : thread_([this, &daemons] {
+          absl::MutexLock lock(&mu_);
+          while (!mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                                       absl::Milliseconds(10))) {
+            for (const Daemon& daemon : daemons) {
+              if (daemon.pid > 0) {
+                max_ = std::max(max_, ThreadCount(daemon.pid));
+              }
+            }
+          }
+        }) {}
+  ~ThreadSampler() {
+    if (thread_.joinable()) Stop();
+  }
+  ThreadSampler(const ThreadSampler&) = delete;
+  ThreadSampler& operator=(const ThreadSampler&) = delete;
+
+  // Stops sampling; returns the most threads seen.
+  int Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    absl::MutexLock lock(&mu_);
+    return max_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int max_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
 // The 1-minute load average (other work on the machine skews the figures).
 std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");
@@ -249,6 +309,8 @@ struct SizeResult {
   double job_ms = 0;
   // CPU time all daemons used from the start of the job to its end.
   double cpu_ms = 0;
+  // The most threads one daemon had at once during the job (sampled).
+  int max_threads = 0;
 };
 
 double Percentile(std::vector<double> values, double q) {
@@ -410,6 +472,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
       }
     }
     const double cpu_before = TotalCpuMillis(daemons);
+    ThreadSampler threads(daemons);
     const absl::Time start = absl::Now();
     if (status.ok()) {
       grpc::ClientContext context;
@@ -464,6 +527,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     result.job_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     result.cpu_ms = TotalCpuMillis(daemons) - cpu_before;
+    result.max_threads = threads.Stop();
   }
   Stop(daemons);
   if (status.ok()) {
@@ -566,12 +630,14 @@ int Run(int argc, char** argv) {
     medians[sites] = median;
     std::printf(
         "sites=%d rounds=%d round_ms median=%.1f min=%.1f p90=%.1f max=%.1f "
-        "job_ms=%.0f cpu_ms_per_round=%.1f loadavg=%s\n",
+        "job_ms=%.0f cpu_ms_per_round=%.1f max_threads_per_daemon=%d "
+        "loadavg=%s\n",
         sites, options.rounds, median,
         *std::min_element(result->round_ms.begin(), result->round_ms.end()),
         Percentile(result->round_ms, 0.9),
         *std::max_element(result->round_ms.begin(), result->round_ms.end()),
-        result->job_ms, result->cpu_ms / options.rounds, LoadAverage().c_str());
+        result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
+        LoadAverage().c_str());
     std::fflush(stdout);
   }
   const int last = options.sizes.back();
