@@ -6,6 +6,8 @@
 //   swarmctl fetch  --site HOST:PORT --which best|last --out FILE [--job-id ID]
 //   swarmctl provision --out DIR --job job.json [--admin NAME]... [--site
 //   NAME]...
+//   swarmctl health --site HOST:PORT [--server-name NAME] [--timeout-ms 3000]
+//   swarmctl health --config site.json [--timeout-ms 3000]
 //
 // Every command but provision talks mTLS with an admin identity:
 // --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
@@ -27,7 +29,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "controller/job_config.h"
+#include "controller/site_config.h"
+#include "controller/validation.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/swarm.grpc.pb.h"
+#include "security/certificates.h"
 #include "security/provision.h"
 #include "security/tls.h"
 #include "streaming/grpc_stream.h"
@@ -45,6 +51,9 @@ constexpr char kUsage[] =
     "[--job-id ID]\n"
     "  swarmctl provision --out DIR --job job.json [--admin NAME]... "
     "[--site NAME]...\n"
+    "  swarmctl health --site HOST:PORT [--server-name NAME] "
+    "[--timeout-ms 3000]\n"
+    "  swarmctl health --config site.json [--timeout-ms 3000]\n"
     "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n";
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
@@ -376,6 +385,104 @@ int Provision(const Args& args) {
   return 0;
 }
 
+int ChooseCredentials(const Args& args);
+
+// The standard gRPC health check (grpc.health.v1.Health/Check, service "")
+// against one site: exit 0 when it answers SERVING, 1 otherwise (2: bad
+// usage). For container health checks and Kubernetes probes.
+//   --site HOST:PORT: credentials as for the other commands; --server-name is
+//     the name the site's certificate must carry when the address is not one
+//     of its names.
+//   --config site.json: checks the daemon of that site config from inside its
+//     own container or machine: dials the local listen port with the site's
+//     own identity (tls_dir) and expects the first name of its certificate.
+int Health(const Args& args) {
+  if (args.values.count("site") == args.values.count("config")) {
+    std::fprintf(stderr,
+                 "swarmctl: health needs one of --site HOST:PORT or --config "
+                 "site.json\n%s",
+                 kUsage);
+    return 2;
+  }
+  int timeout_ms = 3000;
+  if (args.values.count("timeout-ms") > 0 &&
+      (!absl::SimpleAtoi(args.values.at("timeout-ms"), &timeout_ms) ||
+       timeout_ms <= 0)) {
+    std::fprintf(stderr, "swarmctl: --timeout-ms must be a positive integer\n");
+    return 2;
+  }
+  std::string address;
+  std::string server_name = args.values.count("server-name") > 0
+                                ? args.values.at("server-name")
+                                : "";
+  if (args.values.count("site") > 0) {
+    address = args.values.at("site");
+    if (int code = ChooseCredentials(args); code != 0) return code;
+  } else {
+    absl::StatusOr<v1::SiteConfig> config =
+        LoadSiteConfig(args.values.at("config"));
+    if (!config.ok()) {
+      std::fprintf(stderr, "swarmctl: %s\n",
+                   std::string(config.status().message()).c_str());
+      return 2;
+    }
+    absl::StatusOr<HostPort> listen =
+        ParseHostPort(config->listen_address());
+    if (!listen.ok()) {
+      std::fprintf(stderr, "swarmctl: %s\n",
+                   std::string(listen.status().message()).c_str());
+      return 2;
+    }
+    const bool wildcard = listen->host == "0.0.0.0" || listen->host == "::";
+    const std::string host = wildcard ? "127.0.0.1" : listen->host;
+    address = absl::StrCat(host.find(':') != std::string::npos
+                               ? absl::StrCat("[", host, "]")
+                               : host,
+                           ":", listen->port);
+    if (config->tls_dir().empty()) {
+      Credentials() = grpc::InsecureChannelCredentials();
+    } else {
+      absl::StatusOr<security::TlsIdentity> identity =
+          security::LoadTlsIdentity(config->tls_dir());
+      if (!identity.ok()) {
+        std::fprintf(stderr, "swarmctl: %s\n",
+                     std::string(identity.status().message()).c_str());
+        return 1;
+      }
+      Credentials() = security::ClientCredentials(*identity);
+      absl::StatusOr<security::CertInfo> info =
+          security::ParseCertificate(identity->cert_pem);
+      if (server_name.empty() && info.ok() && !info->dns_names.empty()) {
+        server_name = info->dns_names.front();
+      }
+    }
+  }
+  grpc::ChannelArguments channel_args;
+  if (!server_name.empty()) channel_args.SetSslTargetNameOverride(server_name);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateCustomChannel(address, Credentials(), channel_args));
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Milliseconds(timeout_ms));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    std::fprintf(stderr, "swarmctl: health of site %s: %s\n", address.c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+          response.status());
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    std::fprintf(stderr, "swarmctl: site %s is %s\n", address.c_str(),
+                 name.c_str());
+    return 1;
+  }
+  std::printf("site %s: %s\n", address.c_str(), name.c_str());
+  return 0;
+}
+
 // Sets Credentials() from --insecure, --tls-dir or $SWARM_TLS_DIR.
 int ChooseCredentials(const Args& args) {
   if (args.insecure) {
@@ -424,6 +531,7 @@ int Run(int argc, char** argv) {
   if (args->command == "status") return Status(*args);
   if (args->command == "abort") return Abort(*args);
   if (args->command == "fetch") return Fetch(*args);
+  if (args->command == "health") return Health(*args);
   if (args->command == "help" || args->command == "--help") {
     std::fputs(kUsage, stdout);
     return 0;
