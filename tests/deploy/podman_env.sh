@@ -16,7 +16,10 @@
 set -euo pipefail
 
 SWARM_DEPLOY_CACHE=${SWARM_DEPLOY_CACHE:-/var/cache/swarm-deploy-test}
-SWARM_PODMAN_PACKAGES=(podman runc mmdebstrap podman-compose)
+# catatonit: the pause process of `podman kube play` pods; the dnsname plugin:
+# name resolution on user-defined networks (CNI); both are only recommended.
+SWARM_PODMAN_PACKAGES=(podman runc mmdebstrap podman-compose catatonit
+  golang-github-containernetworking-plugin-dnsname python3-yaml)
 
 # The mirror lines mmdebstrap should use: what apt already uses (one-line or
 # deb822 sources), for bookworm, bookworm-updates and bookworm-security.
