@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The deploy stage of the test command: runs the container image, the compose
+# swarm and the generated Kubernetes manifests for real, with rootful Podman.
+#
+#   tests/deploy/run.sh [BUILD_DIR]      (default build/release)
+#
+# Installs podman and friends when missing (tests/deploy/podman_env.sh) and
+# skips with a printed "SKIP: reason" where Podman cannot run. The image is
+# built with `--target prebuilt` from BUILD_DIR's swarm-client and swarmctl
+# (a second compile of the same sources inside the image would take minutes);
+# SWARM_DEPLOY_FROM_SOURCE=1 builds the image as a user does, from source.
+# Everything the run creates (containers, pods, volumes, networks, secrets)
+# carries a per-run name and is removed at the end, also on failure.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${1:-$ROOT/build/release}
+CTL="$BUILD/cli/swarmctl"
+for bin in "$BUILD/cli/swarm-client" "$CTL"; do
+  [ -x "$bin" ] || { echo "deploy: $bin is missing (build first)" >&2; exit 1; }
+done
+
+source "$ROOT/tests/deploy/podman_env.sh"
+rc=0
+swarm_podman_setup || rc=$?
+if [ "$rc" -eq 3 ]; then exit 0; fi  # the reason was printed
+[ "$rc" -eq 0 ] || exit "$rc"
+
+RUN="sdt$$"
+WORK=$(mktemp -d /tmp/swarm-deploy-test.XXXXXX)
+IMAGE="localhost/swarm:deploy-test"
+export SWARM_IMAGE="$IMAGE"
+STAGE_START=$SECONDS
+step() { echo "--- deploy: $* ($((SECONDS - STAGE_START))s)"; }
+fail() { echo "FAIL: deploy: $*" >&2; exit 1; }
+
+cleanup() {
+  set +e
+  local ids
+  ids=$(podman ps -aq --filter "name=$RUN")
+  [ -n "$ids" ] && podman rm -f -t 0 $ids >/dev/null 2>&1
+  ids=$(podman pod ps -q --filter "name=$RUN")
+  [ -n "$ids" ] && podman pod rm -f -t 0 $ids >/dev/null 2>&1
+  ids=$(podman volume ls -q --filter "name=$RUN")
+  [ -n "$ids" ] && podman volume rm -f $ids >/dev/null 2>&1
+  ids=$(podman secret ls --format '{{.Name}}' | grep "^$RUN" || true)
+  [ -n "$ids" ] && podman secret rm $ids >/dev/null 2>&1
+  podman network ls -q --filter "name=$RUN" | xargs -r podman network rm -f >/dev/null 2>&1
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- the image
+step "building the image"
+t0=$SECONDS
+if [ "${SWARM_DEPLOY_FROM_SOURCE:-0}" = 1 ]; then
+  nice -n 10 podman build --quiet -f "$ROOT/deploy/container/Dockerfile" -t "$IMAGE" "$ROOT" >/dev/null
+else
+  mkdir -p "$WORK/context/prebuilt"
+  cp "$BUILD/cli/swarm-client" "$CTL" "$WORK/context/prebuilt/"
+  strip "$WORK/context/prebuilt/"*
+  nice -n 10 podman build --quiet --target prebuilt -f "$ROOT/deploy/container/Dockerfile" \
+    -t "$IMAGE" "$WORK/context" >/dev/null
+fi
+echo "image $IMAGE: $(podman image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.1f MB", $1 / 1e6}'), built in $((SECONDS - t0))s"
+[ "$(podman run --rm --entrypoint id "$IMAGE" -u)" = 10001 ] || fail "the image does not run as uid 10001"
+
+# ------------------------------------------------- one site, and bad input
+step "one site: health, non-root, clean stop; bad input at start"
+cat >"$WORK/job2.json" <<JSON
+{"job_id": "bad-input", "num_rounds": 1,
+ "sites": [{"name": "site-1", "address": "site-1:7001"},
+           {"name": "site-2", "address": "site-2:7001"}]}
+JSON
+"$CTL" provision --out "$WORK/pki" --job "$WORK/job2.json" >/dev/null
+site_json() {  # name [tls_dir]
+  cat <<JSON
+{"name": "$1", "listen_address": "0.0.0.0:7001", "workspace": "/var/lib/swarm",
+ ${2:+\"tls_dir\": \"$2\",} "learner": {"kind": "test"}}
+JSON
+}
+site_json site-1 /etc/swarm/tls >"$WORK/site-1.json"
+site_json site-1 >"$WORK/site-1-plain.json"
+chmod 0644 "$WORK"/*.json
+mkdir -p "$WORK/tls-nocert" "$WORK/tls-wrongkey"
+cp "$WORK/pki/sites/site-1/key.pem" "$WORK/pki/sites/site-1/ca.crt" "$WORK/tls-nocert/"
+cp "$WORK/pki/sites/site-1/cert.pem" "$WORK/pki/sites/site-1/ca.crt" "$WORK/tls-wrongkey/"
+cp "$WORK/pki/sites/site-2/key.pem" "$WORK/tls-wrongkey/"
+chmod -R a+rX "$WORK/pki" "$WORK/tls-nocert" "$WORK/tls-wrongkey"
+chmod a+r "$WORK"/pki/sites/*/key.pem "$WORK"/tls-*/key.pem
+
+run_site() {  # NAME CONFIG TLS_DIR [extra podman args...]: a detached site
+  local name=$1 config=$2 tls=$3; shift 3
+  podman run -d --name "$RUN-$name" "$@" -v "$config:/etc/swarm/site.json:ro" \
+    -v "$tls:/etc/swarm/tls:ro" "$IMAGE" >/dev/null
+}
+# A good site: serves, reports healthy, is not root, stops at once on SIGTERM.
+run_site good "$WORK/site-1.json" "$WORK/pki/sites/site-1" -v "$RUN-good-ws:/var/lib/swarm"
+healthy=0
+for _ in $(seq 1 60); do
+  if podman exec "$RUN-good" swarmctl health --config /etc/swarm/site.json >/dev/null 2>&1; then
+    healthy=1; break
+  fi
+  sleep 0.5
+done
+[ "$healthy" = 1 ] || { podman logs "$RUN-good" >&2; fail "the site never answered its health check"; }
+[ "$(podman exec "$RUN-good" id -u)" = 10001 ] || fail "the daemon runs as root"
+t0=$(date +%s.%N)
+podman stop -t 10 "$RUN-good" >/dev/null
+stop_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+code=$(podman inspect "$RUN-good" --format '{{.State.ExitCode}}')
+[ "$code" = 0 ] || fail "the site exited $code on SIGTERM"
+awk -v s="$stop_s" 'BEGIN { exit !(s < 5) }' || fail "stopping took ${stop_s}s (SIGTERM not handled?)"
+podman logs "$RUN-good" 2>&1 | grep -q "received; shutting down" || fail "no shutdown line in the log"
+echo "good site: healthy, uid 10001, stopped in ${stop_s}s with exit code 0"
+
+expect_refusal() {  # WHAT EXPECTED_TEXT CONFIG TLS_DIR [extra podman args...]
+  local what=$1 expected=$2 config=$3 tls=$4; shift 4
+  local out code=0 t0=$SECONDS
+  out=$(timeout 60 podman run --rm "$@" -v "$config:/etc/swarm/site.json:ro" \
+          -v "$tls:/etc/swarm/tls:ro" "$IMAGE" 2>&1) || code=$?
+  [ "$code" -ne 0 ] || fail "$what: the container started (exit 0)"
+  [ "$code" -ne 124 ] || fail "$what: the container did not exit within 60 s"
+  grep -q "listening on" <<<"$out" && fail "$what: the daemon listened"
+  grep -qF -- "$expected" <<<"$out" || fail "$what: expected \"$expected\" in: $out"
+  echo "refused ($what) with exit code $code in $((SECONDS - t0))s: $(grep -F -- "$expected" <<<"$out" | head -1 | cut -c1-160)"
+}
+expect_refusal "missing certificate" "/etc/swarm/tls/cert.pem: No such file" \
+  "$WORK/site-1.json" "$WORK/tls-nocert"
+expect_refusal "key of another certificate" "/etc/swarm/tls/key.pem does not match the certificate" \
+  "$WORK/site-1.json" "$WORK/tls-wrongkey"
+expect_refusal "config naming another site" 'is for "site-2"' \
+  "$WORK/site-1.json" "$WORK/pki/sites/site-2"
+expect_refusal "read-only workspace" "workspace /var/lib/swarm is not writable" \
+  "$WORK/site-1.json" "$WORK/pki/sites/site-1" -v "$RUN-ro-ws:/var/lib/swarm:ro"
+expect_refusal "no tls_dir (no plaintext by accident)" "has no tls_dir" \
+  "$WORK/site-1-plain.json" "$WORK/pki/sites/site-1"
+
+# Fetches the sha256 of <volume>/<job>/best.safetensors.
+best_digest() {  # VOLUME JOB
+  local dir
+  dir=$(podman volume inspect "$1" --format '{{.Mountpoint}}')
+  [ -s "$dir/$2/best.safetensors" ] || { echo "missing"; return; }
+  sha256sum "$dir/$2/best.safetensors" | cut -d' ' -f1
+}
+same_best() {  # JOB VOLUME...: every volume holds the same best model
+  local job=$1; shift
+  local first="" v d
+  for v in "$@"; do
+    d=$(best_digest "$v" "$job")
+    [ "$d" != missing ] || fail "$v holds no $job/best.safetensors"
+    [ -z "$first" ] && first=$d
+    [ "$d" = "$first" ] || fail "$v holds a different best.safetensors ($d vs $first)"
+  done
+  echo "every site holds the same best.safetensors (sha256 ${first:0:16}...)"
+}
+
+# ------------------------------------------------------------------ compose
+step "compose: a 3-site mTLS swarm through a whole job"
+cp -r "$ROOT/deploy/compose" "$WORK/compose"
+COMPOSE=(podman-compose -p "$RUN" -f "$WORK/compose/compose.yaml")
+(cd "$WORK/compose" && "${COMPOSE[@]}" up -d provision >/dev/null 2>&1) || fail "compose: provision did not start"
+for _ in $(seq 1 120); do
+  state=$(podman inspect "${RUN}_provision_1" --format '{{.State.Status}}' 2>/dev/null || echo gone)
+  [ "$state" = exited ] && break
+  sleep 0.5
+done
+[ "$(podman inspect "${RUN}_provision_1" --format '{{.State.ExitCode}}')" = 0 ] ||
+  { podman logs "${RUN}_provision_1" >&2; fail "compose: provisioning failed"; }
+(cd "$WORK/compose" && "${COMPOSE[@]}" up -d --no-deps site-1 site-2 site-3 >/dev/null 2>&1) ||
+  fail "compose: the sites did not start"
+t0=$SECONDS
+if ! (cd "$WORK/compose" && timeout 300 "${COMPOSE[@]}" run --rm --no-deps operator >"$WORK/compose-operator.log" 2>&1); then
+  cat "$WORK/compose-operator.log" >&2
+  for s in 1 2 3; do podman logs "${RUN}_site-${s}_1" 2>&1 | tail -5 >&2; done
+  fail "compose: the job did not finish on every site"
+fi
+compose_job_s=$((SECONDS - t0))
+grep -q "job compose-demo done on every site" "$WORK/compose-operator.log" || fail "compose: no 'done on every site'"
+echo "compose job (5 rounds, 3 sites, mTLS): ${compose_job_s}s including the health wait"
+same_best compose-demo "${RUN}_site-1-ws" "${RUN}_site-2-ws" "${RUN}_site-3-ws"
