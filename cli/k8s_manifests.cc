@@ -10,8 +10,8 @@
 #include "common/status_macros.h"
 #include "controller/validation.h"
 #include "google/protobuf/util/json_util.h"
-#include "persist/atomic_file.h"
 #include "security/provision.h"
+#include "security/tls.h"
 
 namespace swarm {
 namespace {
@@ -56,42 +56,28 @@ std::string Labels(const std::string& job, const std::string& site,
   const std::string pad(indent, ' ');
   std::string out = absl::StrCat(pad, "app.kubernetes.io/name: swarm\n", pad,
                                  "swarm/job: ", Quote(job), "\n");
-  if (!site.empty()) absl::StrAppend(&out, pad, "swarm/site: ", Quote(site), "\n");
+  if (!site.empty())
+    absl::StrAppend(&out, pad, "swarm/site: ", Quote(site), "\n");
   return out;
 }
 
-struct Identity {
-  std::string key_pem;
-  std::string cert_pem;
-  std::string ca_pem;
-};
-
-absl::StatusOr<Identity> ReadIdentity(const std::string& dir) {
-  Identity identity;
-  SWARM_ASSIGN_OR_RETURN(identity.key_pem,
-                         persist::ReadFileToString(dir + "/key.pem"));
-  SWARM_ASSIGN_OR_RETURN(identity.cert_pem,
-                         persist::ReadFileToString(dir + "/cert.pem"));
-  SWARM_ASSIGN_OR_RETURN(identity.ca_pem,
-                         persist::ReadFileToString(dir + "/ca.crt"));
-  return identity;
-}
-
 std::string TlsSecret(const std::string& name, const std::string& job,
-                      const std::string& site, const Identity& identity) {
-  return absl::StrCat(
-      "apiVersion: v1\nkind: Secret\nmetadata:\n  name: ", name,
-      "\n  labels:\n", Labels(job, site, 4), "type: Opaque\nstringData:\n",
-      "  key.pem: ", Block(identity.key_pem, 4),
-      "  cert.pem: ", Block(identity.cert_pem, 4),
-      "  ca.crt: ", Block(identity.ca_pem, 4));
+                      const std::string& site,
+                      const security::TlsIdentity& identity) {
+  return absl::StrCat("apiVersion: v1\nkind: Secret\nmetadata:\n  name: ", name,
+                      "\n  labels:\n", Labels(job, site, 4),
+                      "type: Opaque\nstringData:\n",
+                      "  key.pem: ", Block(identity.key_pem, 4),
+                      "  cert.pem: ", Block(identity.cert_pem, 4),
+                      "  ca.crt: ", Block(identity.ca_pem, 4));
 }
 
 std::string ProbeCommand(int indent) {
   const std::string pad(indent, ' ');
   return absl::StrCat(pad, "exec:\n", pad,
                       "  command: [\"swarmctl\", \"health\", \"--config\", \"",
-                      kConfigMount, "/site.json\", \"--timeout-ms\", "
+                      kConfigMount,
+                      "/site.json\", \"--timeout-ms\", "
                       "\"4000\"]\n");
 }
 
@@ -142,16 +128,17 @@ absl::StatusOr<std::map<std::string, std::string>> GenerateK8sManifests(
   }
   security::ProvisionOptions provision;
   provision.admins = {options.admin};
-  SWARM_RETURN_IF_ERROR(security::Provision(issued, pki_dir, provision).status());
+  SWARM_RETURN_IF_ERROR(
+      security::Provision(issued, pki_dir, provision).status());
 
   std::map<std::string, std::string> files;
   for (int i = 0; i < issued.sites_size(); ++i) {
     const v1::SiteInfo& site = issued.sites(i);
     const std::string& svc = services[i];
     const std::string port = absl::StrCat(ports[i]);
-    SWARM_ASSIGN_OR_RETURN(
-        Identity identity,
-        ReadIdentity(absl::StrCat(pki_dir, "/sites/", site.name())));
+    SWARM_ASSIGN_OR_RETURN(security::TlsIdentity identity,
+                           security::LoadTlsIdentity(
+                               absl::StrCat(pki_dir, "/sites/", site.name())));
     const std::string site_json = absl::StrCat(
         "{\"name\": ", Quote(site.name()),
         ", \"listen_address\": \"0.0.0.0:", port, "\", \"workspace\": \"",
@@ -174,11 +161,12 @@ absl::StatusOr<std::map<std::string, std::string>> GenerateK8sManifests(
         &out, "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: ", svc,
         "\n  labels:\n", Labels(job.job_id(), site.name(), 4),
         "spec:\n  selector:\n    swarm/service: ", svc,
-        "\n  ports:\n  - name: peer\n    port: ", port, "\n    targetPort: ",
-        port, "\n");
+        "\n  ports:\n  - name: peer\n    port: ", port,
+        "\n    targetPort: ", port, "\n");
     absl::StrAppend(
-        &out, "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: ",
-        svc, "\n  labels:\n", Labels(job.job_id(), site.name(), 4),
+        &out,
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: ", svc,
+        "\n  labels:\n", Labels(job.job_id(), site.name(), 4),
         "spec:\n  replicas: 1\n"
         "  strategy:\n    type: Recreate  # one writer of the workspace\n"
         "  selector:\n    matchLabels:\n      swarm/service: ",
@@ -199,21 +187,27 @@ absl::StatusOr<std::map<std::string, std::string>> GenerateK8sManifests(
         "          initialDelaySeconds: 15\n          periodSeconds: 20\n"
         "          timeoutSeconds: 5\n          failureThreshold: 3\n"
         "        resources:\n          requests:\n            cpu: ",
-        Quote(options.cpu_request), "\n            memory: ",
-        Quote(options.memory_request), "\n          limits:\n            cpu: ",
-        Quote(options.cpu_limit), "\n            memory: ",
-        Quote(options.memory_limit),
+        Quote(options.cpu_request),
+        "\n            memory: ", Quote(options.memory_request),
+        "\n          limits:\n            cpu: ", Quote(options.cpu_limit),
+        "\n            memory: ", Quote(options.memory_limit),
         "\n        volumeMounts:\n        - name: tls\n          mountPath: ",
-        kTlsMount, "\n          readOnly: true\n        - name: config\n"
-        "          mountPath: ", kConfigMount,
+        kTlsMount,
+        "\n          readOnly: true\n        - name: config\n"
+        "          mountPath: ",
+        kConfigMount,
         "\n          readOnly: true\n        - name: workspace\n"
-        "          mountPath: ", kWorkspace,
+        "          mountPath: ",
+        kWorkspace,
         "\n      volumes:\n      - name: tls\n        secret:\n"
-        "          secretName: ", svc,
+        "          secretName: ",
+        svc,
         "-tls\n          defaultMode: 0440\n          optional: false\n"
-        "      - name: config\n        configMap:\n          name: ", svc,
+        "      - name: config\n        configMap:\n          name: ",
+        svc,
         "-config\n      - name: workspace\n        persistentVolumeClaim:\n"
-        "          claimName: ", svc, "-workspace\n");
+        "          claimName: ",
+        svc, "-workspace\n");
   }
 
   // The job: job.json, the operator identity, and the Job that starts it.
@@ -225,9 +219,9 @@ absl::StatusOr<std::map<std::string, std::string>> GenerateK8sManifests(
            .ok()) {
     return absl::InternalError("cannot print the job config as JSON");
   }
-  SWARM_ASSIGN_OR_RETURN(
-      Identity admin,
-      ReadIdentity(absl::StrCat(pki_dir, "/admins/", options.admin)));
+  SWARM_ASSIGN_OR_RETURN(security::TlsIdentity admin,
+                         security::LoadTlsIdentity(
+                             absl::StrCat(pki_dir, "/admins/", options.admin)));
   const std::string job_file = "/etc/swarm/job/job.json";
   files["job.yaml"] = absl::StrCat(
       "# Starts job ", job.job_id(), " on its ", job.sites_size(),
@@ -257,12 +251,16 @@ absl::StatusOr<std::map<std::string, std::string>> GenerateK8sManifests(
       "            memory: \"64Mi\"\n          limits:\n            cpu: "
       "\"500m\"\n            memory: \"256Mi\"\n"
       "        volumeMounts:\n        - name: tls\n          mountPath: ",
-      kTlsMount, "\n          readOnly: true\n        - name: job\n"
+      kTlsMount,
+      "\n          readOnly: true\n        - name: job\n"
       "          mountPath: /etc/swarm/job\n          readOnly: true\n"
-      "      volumes:\n      - name: tls\n        secret:\n          secretName: ",
-      job_name, "-operator-tls\n          defaultMode: 0440\n"
+      "      volumes:\n      - name: tls\n        secret:\n          "
+      "secretName: ",
+      job_name,
+      "-operator-tls\n          defaultMode: 0440\n"
       "          optional: false\n      - name: job\n        configMap:\n"
-      "          name: ", job_name, "-job\n");
+      "          name: ",
+      job_name, "-job\n");
   return files;
 }
 

@@ -10,10 +10,10 @@
 namespace swarm {
 namespace {
 
+using persist::testutil::ScopedTempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using persist::testutil::ScopedTempDir;
 
 v1::JobConfig TwoSiteJob() {
   v1::JobConfig job;
@@ -41,9 +41,9 @@ TEST(K8sManifestsTest, OneFilePerSiteAndAJob) {
   EXPECT_THAT(names, ElementsAre("job.yaml", "site-a.yaml", "site-b.yaml"));
 
   const std::string& a = files->at("site-a.yaml");
-  for (const char* kind : {"kind: Secret", "kind: ConfigMap",
-                           "kind: PersistentVolumeClaim", "kind: Service",
-                           "kind: Deployment"}) {
+  for (const char* kind :
+       {"kind: Secret", "kind: ConfigMap", "kind: PersistentVolumeClaim",
+        "kind: Service", "kind: Deployment"}) {
     EXPECT_THAT(a, HasSubstr(kind));
   }
   EXPECT_THAT(a, HasSubstr("replicas: 1"));
@@ -93,11 +93,11 @@ TEST(K8sManifestsTest, AnAddressThatIsNotAServiceNameIsRefused) {
   EXPECT_FALSE(GenerateK8sManifests(job, dir.Child("pki"), K8sOptions()).ok());
   K8sOptions bad_namespace;
   bad_namespace.namespace_name = "Bad_NS";
-  EXPECT_THAT(GenerateK8sManifests(TwoSiteJob(), dir.Child("pki"),
-                                   bad_namespace)
-                  .status()
-                  .message(),
-              HasSubstr("--namespace Bad_NS"));
+  EXPECT_THAT(
+      GenerateK8sManifests(TwoSiteJob(), dir.Child("pki"), bad_namespace)
+          .status()
+          .message(),
+      HasSubstr("--namespace Bad_NS"));
 }
 
 TEST(K8sManifestsTest, RegeneratingReusesTheCa) {

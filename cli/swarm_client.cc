@@ -122,7 +122,8 @@ int Run(int argc, char** argv) {
 
   // Refuse to start on a workspace this process cannot write (a read-only
   // mount, wrong owner) rather than fail in the first round.
-  if (absl::Status writable = persist::Workspace(config->workspace()).CheckWritable();
+  if (absl::Status writable =
+          persist::Workspace(config->workspace()).CheckWritable();
       !writable.ok()) {
     SWARM_LOG_ERROR("site config %s: %s", config_path, writable.message());
     return 2;

@@ -158,14 +158,14 @@ absl::Status CheckHealth(const std::string& address,
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "health of site ", address, ": ", status.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat("health of site ", address, ": ", status.error_message()));
   }
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return absl::UnavailableError(absl::StrCat(
-        "site ", address, " is ",
-        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-            response.status())));
+    return absl::UnavailableError(
+        absl::StrCat("site ", address, " is ",
+                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                         response.status())));
   }
   return absl::OkStatus();
 }
@@ -190,8 +190,7 @@ int Start(const Args& args) {
     const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
     for (const v1::SiteInfo& site : job->sites()) {
       while (true) {
-        absl::Status health =
-            CheckHealth(site.address(), "", absl::Seconds(2));
+        absl::Status health = CheckHealth(site.address(), "", absl::Seconds(2));
         if (health.ok()) break;
         if (absl::Now() >= deadline) {
           std::fprintf(stderr, "swarmctl: %s not healthy after %ds: %s\n",
@@ -485,9 +484,8 @@ int Health(const Args& args) {
     return 2;
   }
   std::string address;
-  std::string server_name = args.values.count("server-name") > 0
-                                ? args.values.at("server-name")
-                                : "";
+  std::string server_name =
+      args.values.count("server-name") > 0 ? args.values.at("server-name") : "";
   if (args.values.count("site") > 0) {
     address = args.values.at("site");
     if (int code = ChooseCredentials(args); code != 0) return code;
@@ -499,8 +497,7 @@ int Health(const Args& args) {
                    std::string(config.status().message()).c_str());
       return 2;
     }
-    absl::StatusOr<HostPort> listen =
-        ParseHostPort(config->listen_address());
+    absl::StatusOr<HostPort> listen = ParseHostPort(config->listen_address());
     if (!listen.ok()) {
       std::fprintf(stderr, "swarmctl: %s\n",
                    std::string(listen.status().message()).c_str());
@@ -530,8 +527,8 @@ int Health(const Args& args) {
       }
     }
   }
-  if (absl::Status health = CheckHealth(address, server_name,
-                                        absl::Milliseconds(timeout_ms));
+  if (absl::Status health =
+          CheckHealth(address, server_name, absl::Milliseconds(timeout_ms));
       !health.ok()) {
     std::fprintf(stderr, "swarmctl: %s\n",
                  std::string(health.message()).c_str());

@@ -252,9 +252,9 @@ absl::Status Workspace::CheckWritable() const {
   const std::string root = root_.empty() ? std::string(".") : root_;
   absl::Status made = MakeDir(root);
   if (!made.ok()) {
-    return absl::Status(made.code(), absl::StrCat("workspace ", root,
-                                                  " is not usable: ",
-                                                  made.message()));
+    return absl::Status(
+        made.code(),
+        absl::StrCat("workspace ", root, " is not usable: ", made.message()));
   }
   absl::StatusOr<TempFile> probe = CreateTempSibling(root + "/.write-check");
   if (!probe.ok()) {
@@ -270,8 +270,8 @@ absl::Status Workspace::CheckWritable() const {
   }
   if (!status.ok()) {
     return absl::Status(status.code(),
-                        absl::StrCat("workspace ", root, " is not writable: ",
-                                     status.message()));
+                        absl::StrCat("workspace ", root,
+                                     " is not writable: ", status.message()));
   }
   return absl::OkStatus();
 }

@@ -141,9 +141,9 @@ TEST_F(ProvisionTest, AKeyOfAnotherCertificateIsRefusedOnLoad) {
   ASSERT_FALSE(identity.ok());
   EXPECT_THAT(identity.status().message(),
               HasSubstr(d + "/sites/site-a/key.pem does not match"));
-  ASSERT_TRUE(persist::WriteFileAtomically(d + "/sites/site-a/key.pem",
-                                           "not a key")
-                  .ok());
+  ASSERT_TRUE(
+      persist::WriteFileAtomically(d + "/sites/site-a/key.pem", "not a key")
+          .ok());
   EXPECT_THAT(LoadTlsIdentity(d + "/sites/site-a").status().message(),
               HasSubstr("key.pem: not a PEM private key"));
 }

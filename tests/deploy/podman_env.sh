@@ -7,7 +7,9 @@
 #
 #   source tests/deploy/podman_env.sh
 #   swarm_podman_setup        # 0: ready; 3: Podman cannot run here (reason
-#                             # printed); other: a real failure
+#                             # printed); other: a real failure. Call it as
+#                             # `swarm_podman_setup || rc=$?` (it checks each
+#                             # step itself, errexit being off there).
 #
 # Cache (outside the repo; kept between runs on one machine):
 #   $SWARM_DEPLOY_CACHE (default /var/cache/swarm-deploy-test)
@@ -53,7 +55,10 @@ swarm_podman_setup() {
   done
   if [ "${#missing[@]}" -gt 0 ]; then
     echo "Installing missing Debian packages: ${missing[*]}"
-    apt-get update >/dev/null
+    if ! apt-get update >/dev/null; then
+      echo "SKIP: apt-get update failed, cannot install ${missing[*]}"
+      return 3
+    fi
     # --no-install-recommends: podman-compose recommends docker.io.
     if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         "${missing[@]}" >/dev/null; then
@@ -79,15 +84,17 @@ CONF
       echo "building the Debian 12 base image with mmdebstrap (once per machine)"
       local mirrors=()
       mapfile -t mirrors < <(swarm_debian_mirrors)
-      nice -n 10 mmdebstrap --quiet --variant=minbase --format=tar bookworm "$tar.tmp" "${mirrors[@]}"
-      mv "$tar.tmp" "$tar"
+      nice -n 10 mmdebstrap --quiet --variant=minbase --format=tar bookworm "$tar.tmp" \
+        "${mirrors[@]}" || { echo "deploy: mmdebstrap failed" >&2; return 1; }
+      mv "$tar.tmp" "$tar" || return 1
     fi
-    podman import --quiet --change 'CMD ["/bin/bash"]' "$tar" localhost/debian:12 >/dev/null
+    podman import --quiet --change 'CMD ["/bin/bash"]' "$tar" localhost/debian:12 >/dev/null ||
+      { echo "deploy: podman import of $tar failed" >&2; return 1; }
   fi
   local tag
   for tag in docker.io/library/debian:12 docker.io/library/debian:bookworm \
       docker.io/library/debian:bookworm-slim; do
-    podman image exists "$tag" || podman tag localhost/debian:12 "$tag"
+    podman image exists "$tag" || podman tag localhost/debian:12 "$tag" || return 1
   done
   return 0
 }

@@ -37,7 +37,7 @@ cleanup() {
   set +e
   local ids
   ids=$(podman ps -aq --filter "name=$RUN")
-  [ -n "$ids" ] && podman rm -f -t 0 $ids >/dev/null 2>&1
+  [ -n "$ids" ] && podman rm -f -v -t 0 $ids >/dev/null 2>&1  # -v: anonymous volumes
   ids=$(podman pod ps -q --filter "name=$RUN")
   [ -n "$ids" ] && podman pod rm -f -t 0 $ids >/dev/null 2>&1
   ids=$(podman volume ls -q --filter "name=$RUN")
@@ -48,6 +48,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 
 # ---------------------------------------------------------------- the image
 step "building the image"
@@ -110,7 +111,10 @@ stop_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 code=$(podman inspect "$RUN-good" --format '{{.State.ExitCode}}')
 [ "$code" = 0 ] || fail "the site exited $code on SIGTERM"
 awk -v s="$stop_s" 'BEGIN { exit !(s < 5) }' || fail "stopping took ${stop_s}s (SIGTERM not handled?)"
-podman logs "$RUN-good" 2>&1 | grep -q "received; shutting down" || fail "no shutdown line in the log"
+# (grep reads a file, not a pipe: with pipefail, grep -q ending a pipe early
+# would fail the writer with SIGPIPE.)
+podman logs "$RUN-good" >"$WORK/good.log" 2>&1
+grep -q "received; shutting down" "$WORK/good.log" || fail "no shutdown line in the log"
 echo "good site: healthy, uid 10001, stopped in ${stop_s}s with exit code 0"
 
 expect_refusal() {  # WHAT EXPECTED_TEXT CONFIG TLS_DIR [extra podman args...]
@@ -207,7 +211,7 @@ cat >"$WORK/stop-job.json" <<'JSON'
 }
 JSON
 chmod 0644 "$WORK/stop-job.json"
-podman run --rm --name "$RUN-stop-operator" --network "${RUN}_swarm" \
+podman run --rm --name "$RUN-stop-operator" --network "${RUN}_swarm" --tmpfs /var/lib/swarm \
   -v "${RUN}_operator-tls:/etc/swarm/tls:ro" -v "$WORK/stop-job.json:/etc/swarm/job.json:ro" \
   -e SWARM_TLS_DIR=/etc/swarm/tls --entrypoint /bin/bash "$IMAGE" -c \
   'swarmctl start --job /etc/swarm/job.json --wait-healthy 60 &&
@@ -217,19 +221,26 @@ operator_pid=$!
 stopped=0
 for _ in $(seq 1 120); do
   if grep -qE "^site-3 +[a-z_]+ +[a-z+]+ +[2-9] " "$WORK/stop-operator.log"; then
+    t_stop=$SECONDS
     podman stop -t 10 "${RUN}_site-3_1" >/dev/null
+    echo "site-3 stopped in $((SECONDS - t_stop))s"
     stopped=1; break
   fi
   sleep 0.5
 done
-[ "$stopped" = 1 ] || { kill "$operator_pid"; cat "$WORK/stop-operator.log" >&2; fail "the job never reached round 2"; }
+if [ "$stopped" != 1 ]; then
+  cat "$WORK/stop-operator.log" >&2
+  fail "the job never reached round 2 (within 60 s)"
+fi
 code=0
 timeout 240 tail --pid="$operator_pid" -f /dev/null || fail "the job did not end within 240 s after site-3 stopped"
 wait "$operator_pid" || code=$?
+echo "the job ended $((SECONDS - t_stop))s after site-3 was stopped"
 [ "$code" = 1 ] || { cat "$WORK/stop-operator.log" >&2; fail "swarmctl status exited $code, expected 1 (a site unreachable)"; }
-tail -5 "$WORK/stop-operator.log" | grep -qE "^site-1 +done " || fail "site-1 did not finish: $(tail -5 "$WORK/stop-operator.log")"
-tail -5 "$WORK/stop-operator.log" | grep -qE "^site-2 +done " || fail "site-2 did not finish"
-tail -5 "$WORK/stop-operator.log" | grep -qE "^site-3 +unreachable " || fail "site-3 not reported unreachable"
+tail -5 "$WORK/stop-operator.log" >"$WORK/stop-final.log"
+grep -qE "^site-1 +done " "$WORK/stop-final.log" || fail "site-1 did not finish: $(cat "$WORK/stop-final.log")"
+grep -qE "^site-2 +done " "$WORK/stop-final.log" || fail "site-2 did not finish: $(cat "$WORK/stop-final.log")"
+grep -qE "^site-3 +unreachable " "$WORK/stop-final.log" || fail "site-3 not reported unreachable"
 grep -q "not waiting for it" "$WORK/stop-operator.log" || fail "no round went on without site-3"
 for s in 1 2; do
   [ "$(podman inspect "${RUN}_site-${s}_1" --format '{{.State.Status}}')" = running ] || fail "site-$s is not running"
@@ -237,6 +248,24 @@ for s in 1 2; do
 done
 same_best stop-test "${RUN}_site-1-ws" "${RUN}_site-2-ws"
 echo "site-3 stopped in round 2: site-1 and site-2 finished the job and stay healthy; status exit code 1"
+step "compose: rotating site-2's certificate"
+ws2=$(podman volume inspect "${RUN}_site-2-tls" --format '{{.Mountpoint}}')
+before=$(sha256sum "$ws2/cert.pem")
+(cd "$WORK/compose" && "${COMPOSE[@]}" run --rm --no-deps -e ROTATE=site-2 provision >"$WORK/rotate.log" 2>&1) ||
+  { cat "$WORK/rotate.log" >&2; fail "compose: ROTATE=site-2 provision failed"; }
+[ "$(sha256sum "$ws2/cert.pem")" != "$before" ] ||
+  { cat "$WORK/rotate.log" >&2; fail "compose: site-2's certificate was not re-issued"; }
+podman restart -t 10 "${RUN}_site-2_1" >/dev/null
+# The operator (an admin of the same CA) reaches site-2 by its name: the new
+# certificate is trusted and names site-2.
+podman run --rm --name "$RUN-rotate-check" --network "${RUN}_swarm" --tmpfs /var/lib/swarm \
+  -v "${RUN}_operator-tls:/etc/swarm/tls:ro" -e SWARM_TLS_DIR=/etc/swarm/tls \
+  --entrypoint /bin/bash "$IMAGE" -c \
+  'for i in $(seq 1 60); do swarmctl health --site site-2:7001 && exit 0; sleep 0.5; done; exit 1' \
+  >"$WORK/rotate-health.log" 2>&1 || { cat "$WORK/rotate-health.log" >&2; fail "site-2 not healthy with its new certificate"; }
+echo "site-2 restarted with a new certificate; the operator's mTLS health check passes"
+
+step "compose down"
 (cd "$WORK/compose" && "${COMPOSE[@]}" down -v >/dev/null 2>&1) || true
 
 # -------------------------------------------------------------- Kubernetes
@@ -306,8 +335,9 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 code=$(podman inspect "$JOBC" --format '{{.State.ExitCode}}')
-if [ "$code" != 0 ] || ! podman logs "$JOBC" 2>&1 | grep -q "done on every site"; then
-  podman logs "$JOBC" 2>&1 | tail -20 >&2
+podman logs "$JOBC" >"$WORK/k8s-job.log" 2>&1
+if [ "$code" != 0 ] || ! grep -q "done on every site" "$WORK/k8s-job.log"; then
+  tail -20 "$WORK/k8s-job.log" >&2
   for s in 1 2 3; do podman logs "$RUN-site-$s-site" 2>&1 | tail -5 >&2; done
   fail "the Kubernetes job did not finish on every site (exit code $code)"
 fi
@@ -316,6 +346,6 @@ echo "kubernetes job (4 rounds, 3 sites, mTLS via Service names): $((SECONDS - t
 podman exec "$RUN-site-1-site" swarmctl health --config /etc/swarm/config/site.json >/dev/null ||
   fail "the readiness probe command fails inside $RUN-site-1"
 same_best "$RUN-k8s" "$RUN-site-1-workspace" "$RUN-site-2-workspace" "$RUN-site-3-workspace"
-for f in "$WORK"/k8s-podman/*.yaml; do podman kube down "$f" >/dev/null 2>&1 || true; done
+# (The pods go in the cleanup, which also removes their anonymous volumes.)
 
 step "passed"
