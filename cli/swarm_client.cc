@@ -30,6 +30,7 @@
 #include "controller/swarm_controller.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
+#include "persist/workspace.h"
 #include "security/certificates.h"
 #include "rpc/tls.h"
 #include "rpc/grpc_stream.h"
@@ -109,12 +110,23 @@ int Run(int argc, char** argv) {
     if (identity->name != config->name() ||
         identity->role != security::kSiteRole) {
       SWARM_LOG_ERROR(
-          "the certificate in %s is for \"%s\" (%s), not for site \"%s\"",
-          config->tls_dir(), identity->name, identity->role, config->name());
+          "the certificate %s/cert.pem is for \"%s\" (%s), but site config "
+          "%s names site \"%s\"",
+          config->tls_dir(), identity->name, identity->role, config_path,
+          config->name());
       return 2;
     }
     server_credentials = security::ServerCredentials(*identity);
     channel_credentials = security::ClientCredentials(*identity);
+  }
+
+  // Refuse to start on a workspace this process cannot write (a read-only
+  // mount, wrong owner) rather than fail in the first round.
+  if (absl::Status writable =
+          persist::Workspace(config->workspace()).CheckWritable();
+      !writable.ok()) {
+    SWARM_LOG_ERROR("site config %s: %s", config_path, writable.message());
+    return 2;
   }
 
   // Signals are taken by sigwait below; block them before any thread starts.

@@ -1,11 +1,14 @@
 // swarmctl: the operator CLI.
 //
-//   swarmctl start  --job job.json
+//   swarmctl start  --job job.json [--wait-healthy SECONDS]
 //   swarmctl status --job job.json [--watch] [--interval-ms 500]
 //   swarmctl abort  --job job.json [--reason TEXT]
 //   swarmctl fetch  --site HOST:PORT --which best|last --out FILE [--job-id ID]
 //   swarmctl provision --out DIR --job job.json [--admin NAME]... [--site
-//   NAME]...
+//   NAME]... [--no-sites]
+//   swarmctl health --site HOST:PORT [--server-name NAME] [--timeout-ms 3000]
+//   swarmctl health --config site.json [--timeout-ms 3000]
+//   swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG] ...
 //
 // Every command but provision talks mTLS with an admin identity:
 // --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
@@ -18,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,8 +30,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/k8s_manifests.h"
 #include "config/job_config.h"
+#include "config/site_config.h"
+#include "config/validation.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/swarm.grpc.pb.h"
+#include "security/certificates.h"
 #include "security/provision.h"
 #include "rpc/tls.h"
 #include "rpc/grpc_stream.h"
@@ -38,13 +47,20 @@ namespace {
 
 constexpr char kUsage[] =
     "usage:\n"
-    "  swarmctl start  --job job.json\n"
+    "  swarmctl start  --job job.json [--wait-healthy SECONDS]\n"
     "  swarmctl status --job job.json [--watch] [--interval-ms 500]\n"
     "  swarmctl abort  --job job.json [--reason TEXT]\n"
     "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
     "[--job-id ID]\n"
     "  swarmctl provision --out DIR --job job.json [--admin NAME]... "
-    "[--site NAME]...\n"
+    "[--site NAME]... [--no-sites]\n"
+    "  swarmctl health --site HOST:PORT [--server-name NAME] "
+    "[--timeout-ms 3000]\n"
+    "  swarmctl health --config site.json [--timeout-ms 3000]\n"
+    "  swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG]\n"
+    "      [--namespace NS] [--learner KIND] [--admin NAME] [--storage 1Gi]\n"
+    "      [--cpu-request 250m] [--cpu-limit 2] [--memory-request 256Mi]\n"
+    "      [--memory-limit 2Gi] [--wait-healthy 300]\n"
     "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n";
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
@@ -59,12 +75,14 @@ std::string& Sender() {
 
 struct Args {
   std::string command;
+  std::string subcommand;  // deploy k8s
   std::map<std::string, std::string> values;
   // Flags that may repeat (--admin, --site for provision).
   std::map<std::string, std::vector<std::string>> lists;
   bool watch = false;
   bool insecure = false;
   bool changes_only = false;
+  bool no_sites = false;  // provision: admins only
 };
 
 // The channel credentials of this run (set once in Run).
@@ -77,7 +95,13 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
   Args args;
   if (argc < 2) return absl::InvalidArgumentError("missing command");
   args.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
+  int first = 2;
+  if (args.command == "deploy" && argc > 2 &&
+      std::string(argv[2]).rfind("--", 0) != 0) {
+    args.subcommand = argv[2];
+    first = 3;
+  }
+  for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--watch") {
       args.watch = true;
@@ -85,6 +109,8 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.insecure = true;
     } else if (arg == "--changes-only") {
       args.changes_only = true;
+    } else if (arg == "--no-sites") {
+      args.no_sites = true;
     } else if ((arg == "--admin" || arg == "--site") && i + 1 < argc) {
       args.lists[arg.substr(2)].push_back(argv[i + 1]);
       args.values[arg.substr(2)] = argv[++i];
@@ -121,12 +147,68 @@ absl::StatusOr<v1::JobConfig> LoadJob(const Args& args) {
   return LoadJobConfig(it->second);
 }
 
+int ChooseCredentials(const Args& args);
+
+// One grpc.health.v1.Health/Check call (service ""): OK when the site at
+// `address` answers SERVING. `server_name`, when not empty, is the name its
+// certificate must carry instead of the address's host.
+absl::Status CheckHealth(const std::string& address,
+                         const std::string& server_name,
+                         absl::Duration timeout) {
+  grpc::ChannelArguments channel_args;
+  if (!server_name.empty()) channel_args.SetSslTargetNameOverride(server_name);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateCustomChannel(address, Credentials(), channel_args));
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("health of site ", address, ": ", status.error_message()));
+  }
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(
+        absl::StrCat("site ", address, " is ",
+                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                         response.status())));
+  }
+  return absl::OkStatus();
+}
+
 int Start(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
     std::fprintf(stderr, "swarmctl: %s\n",
                  std::string(job.status().message()).c_str());
     return 2;
+  }
+  // --wait-healthy SECONDS: first wait (at most that long in all) until every
+  // site answers its health check, e.g. while containers are still starting.
+  if (args.values.count("wait-healthy") > 0) {
+    int seconds = 0;
+    if (!absl::SimpleAtoi(args.values.at("wait-healthy"), &seconds) ||
+        seconds < 0) {
+      std::fprintf(stderr,
+                   "swarmctl: --wait-healthy must be a number of seconds\n");
+      return 2;
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+    for (const v1::SiteInfo& site : job->sites()) {
+      while (true) {
+        absl::Status health = CheckHealth(site.address(), "", absl::Seconds(2));
+        if (health.ok()) break;
+        if (absl::Now() >= deadline) {
+          std::fprintf(stderr, "swarmctl: %s not healthy after %ds: %s\n",
+                       SiteLabel(site).c_str(), seconds,
+                       std::string(health.message()).c_str());
+          return 1;
+        }
+        absl::SleepFor(absl::Seconds(1));  // polling a starting site
+      }
+      std::printf("%s is serving\n", SiteLabel(site).c_str());
+    }
   }
   for (const v1::SiteInfo& site : job->sites()) {
     grpc::ClientContext context;
@@ -367,6 +449,7 @@ int Provision(const Args& args) {
   security::ProvisionOptions options;
   if (args.lists.count("admin") > 0) options.admins = args.lists.at("admin");
   if (args.lists.count("site") > 0) options.only_sites = args.lists.at("site");
+  options.no_sites = args.no_sites;
   const std::string out = args.values.at("out");
   absl::StatusOr<security::ProvisionReport> report =
       security::Provision(*job, out, options);
@@ -380,6 +463,156 @@ int Provision(const Args& args) {
   for (const std::string& folder : report->folders) {
     std::printf("wrote %s\n", folder.c_str());
   }
+  return 0;
+}
+
+// The standard gRPC health check (grpc.health.v1.Health/Check, service "")
+// against one site: exit 0 when it answers SERVING, 1 otherwise (2: bad
+// usage). For container health checks and Kubernetes probes.
+//   --site HOST:PORT: credentials as for the other commands; --server-name is
+//     the name the site's certificate must carry when the address is not one
+//     of its names.
+//   --config site.json: checks the daemon of that site config from inside its
+//     own container or machine: dials the local listen port with the site's
+//     own identity (tls_dir) and expects the first name of its certificate.
+int Health(const Args& args) {
+  if (args.values.count("site") == args.values.count("config")) {
+    std::fprintf(stderr,
+                 "swarmctl: health needs one of --site HOST:PORT or --config "
+                 "site.json\n%s",
+                 kUsage);
+    return 2;
+  }
+  int timeout_ms = 3000;
+  if (args.values.count("timeout-ms") > 0 &&
+      (!absl::SimpleAtoi(args.values.at("timeout-ms"), &timeout_ms) ||
+       timeout_ms <= 0)) {
+    std::fprintf(stderr, "swarmctl: --timeout-ms must be a positive integer\n");
+    return 2;
+  }
+  std::string address;
+  std::string server_name =
+      args.values.count("server-name") > 0 ? args.values.at("server-name") : "";
+  if (args.values.count("site") > 0) {
+    address = args.values.at("site");
+    if (int code = ChooseCredentials(args); code != 0) return code;
+  } else {
+    absl::StatusOr<v1::SiteConfig> config =
+        LoadSiteConfig(args.values.at("config"));
+    if (!config.ok()) {
+      std::fprintf(stderr, "swarmctl: %s\n",
+                   std::string(config.status().message()).c_str());
+      return 2;
+    }
+    absl::StatusOr<HostPort> listen = ParseHostPort(config->listen_address());
+    if (!listen.ok()) {
+      std::fprintf(stderr, "swarmctl: %s\n",
+                   std::string(listen.status().message()).c_str());
+      return 2;
+    }
+    const bool wildcard = listen->host == "0.0.0.0" || listen->host == "::";
+    const std::string host = wildcard ? "127.0.0.1" : listen->host;
+    address = absl::StrCat(host.find(':') != std::string::npos
+                               ? absl::StrCat("[", host, "]")
+                               : host,
+                           ":", listen->port);
+    if (config->tls_dir().empty()) {
+      Credentials() = grpc::InsecureChannelCredentials();
+    } else {
+      absl::StatusOr<security::TlsIdentity> identity =
+          security::LoadTlsIdentity(config->tls_dir());
+      if (!identity.ok()) {
+        std::fprintf(stderr, "swarmctl: %s\n",
+                     std::string(identity.status().message()).c_str());
+        return 1;
+      }
+      Credentials() = security::ClientCredentials(*identity);
+      absl::StatusOr<security::CertInfo> info =
+          security::ParseCertificate(identity->cert_pem);
+      if (server_name.empty() && info.ok() && !info->dns_names.empty()) {
+        server_name = info->dns_names.front();
+      }
+    }
+  }
+  if (absl::Status health =
+          CheckHealth(address, server_name, absl::Milliseconds(timeout_ms));
+      !health.ok()) {
+    std::fprintf(stderr, "swarmctl: %s\n",
+                 std::string(health.message()).c_str());
+    return 1;
+  }
+  std::printf("site %s: SERVING\n", address.c_str());
+  return 0;
+}
+
+// Writes the Kubernetes manifests of a job (cli/k8s_manifests.h) into --out,
+// issuing the certificates into --pki.
+int DeployK8s(const Args& args) {
+  if (args.subcommand != "k8s") {
+    std::fprintf(stderr, "swarmctl: deploy supports only k8s\n%s", kUsage);
+    return 2;
+  }
+  for (const char* required : {"pki", "out"}) {
+    if (args.values.count(required) == 0) {
+      std::fprintf(stderr, "swarmctl: deploy k8s needs --%s\n%s", required,
+                   kUsage);
+      return 2;
+    }
+  }
+  absl::StatusOr<v1::JobConfig> job = LoadJob(args);
+  if (!job.ok()) {
+    std::fprintf(stderr, "swarmctl: %s\n",
+                 std::string(job.status().message()).c_str());
+    return 2;
+  }
+  K8sOptions options;
+  const std::map<std::string, std::string*> strings = {
+      {"image", &options.image},
+      {"namespace", &options.namespace_name},
+      {"admin", &options.admin},
+      {"learner", &options.learner_kind},
+      {"storage", &options.storage},
+      {"cpu-request", &options.cpu_request},
+      {"cpu-limit", &options.cpu_limit},
+      {"memory-request", &options.memory_request},
+      {"memory-limit", &options.memory_limit}};
+  for (const auto& [flag, value] : strings) {
+    if (args.values.count(flag) > 0) *value = args.values.at(flag);
+  }
+  if (args.values.count("wait-healthy") > 0 &&
+      !absl::SimpleAtoi(args.values.at("wait-healthy"),
+                        &options.wait_healthy_seconds)) {
+    std::fprintf(stderr, "swarmctl: --wait-healthy must be a number\n");
+    return 2;
+  }
+  absl::StatusOr<std::map<std::string, std::string>> files =
+      GenerateK8sManifests(*job, args.values.at("pki"), options);
+  if (!files.ok()) {
+    std::fprintf(stderr, "swarmctl: deploy k8s: %s\n",
+                 std::string(files.status().message()).c_str());
+    return files.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  const std::string out = args.values.at("out");
+  std::error_code error;
+  std::filesystem::create_directories(out, error);
+  if (error) {
+    std::fprintf(stderr, "swarmctl: cannot create %s: %s\n", out.c_str(),
+                 error.message().c_str());
+    return 1;
+  }
+  for (const auto& [name, contents] : *files) {
+    // The files hold private keys (Secrets): mode 0600.
+    absl::Status written =
+        security::WriteSecretFile(absl::StrCat(out, "/", name), contents);
+    if (!written.ok()) {
+      std::fprintf(stderr, "swarmctl: %s\n",
+                   std::string(written.message()).c_str());
+      return 1;
+    }
+    std::printf("wrote %s/%s\n", out.c_str(), name.c_str());
+  }
+  std::printf("apply with: kubectl apply -f %s/ (sites first, then job.yaml)\n",
+              out.c_str());
   return 0;
 }
 
@@ -424,6 +657,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args->command == "provision") return Provision(*args);
+  if (args->command == "deploy") return DeployK8s(*args);
   if (args->command == "start" || args->command == "status" ||
       args->command == "abort" || args->command == "fetch") {
     if (int code = ChooseCredentials(*args); code != 0) return code;
@@ -432,6 +666,7 @@ int Run(int argc, char** argv) {
   if (args->command == "status") return Status(*args);
   if (args->command == "abort") return Abort(*args);
   if (args->command == "fetch") return Fetch(*args);
+  if (args->command == "health") return Health(*args);
   if (args->command == "help" || args->command == "--help") {
     std::fputs(kUsage, stdout);
     return 0;

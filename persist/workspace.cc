@@ -1,6 +1,9 @@
 #include "persist/workspace.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -243,6 +246,34 @@ absl::Status Workspace::ClearOffload(absl::string_view job_id) const {
     }
   }
   return first_error;
+}
+
+absl::Status Workspace::CheckWritable() const {
+  const std::string root = root_.empty() ? std::string(".") : root_;
+  absl::Status made = MakeDir(root);
+  if (!made.ok()) {
+    return absl::Status(
+        made.code(),
+        absl::StrCat("workspace ", root, " is not usable: ", made.message()));
+  }
+  absl::StatusOr<TempFile> probe = CreateTempSibling(root + "/.write-check");
+  if (!probe.ok()) {
+    return absl::Status(probe.status().code(),
+                        absl::StrCat("workspace ", root, " is not writable: ",
+                                     probe.status().message()));
+  }
+  absl::Status status = WriteFully(probe->fd, "ok", probe->path);
+  status.Update(FsyncFd(probe->fd, probe->path));
+  status.Update(CloseFd(probe->fd, probe->path));
+  if (unlink(probe->path.c_str()) != 0) {
+    status.Update(ErrnoError(errno, "cannot remove", probe->path));
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("workspace ", root,
+                                     " is not writable: ", status.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Workspace::CleanStaleOffloadAll() const {

@@ -75,6 +75,13 @@ class Workspace {
   // left alone. Carries on after an error and returns the first one.
   absl::Status CleanStaleOffloadAll() const;
 
+  // For start-up: creates the root (like mkdir -p) and proves it writable by
+  // creating, syncing and removing a temporary file in it. FailedPrecondition
+  // or the errno's code otherwise, naming the root and the reason (e.g. a
+  // read-only file system), so a daemon can refuse to start instead of
+  // failing in its first round.
+  absl::Status CheckWritable() const;
+
   // The job ids that have a directory under the root, sorted.
   absl::StatusOr<std::vector<std::string>> ListJobs() const;
 

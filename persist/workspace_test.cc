@@ -98,6 +98,39 @@ TEST(WorkspaceTest, EnsureJobDirsRefusesFileInTheWay) {
   EXPECT_THAT(status.message(), HasSubstr(dir.Child("job")));
 }
 
+TEST(WorkspaceTest, CheckWritableCreatesTheRootAndLeavesNothing) {
+  ScopedTempDir dir;
+  const Workspace ws(dir.Child("new/root"));
+  ASSERT_TRUE(ws.CheckWritable().ok());
+  EXPECT_TRUE(IsDir(dir.Child("new/root")));
+  absl::StatusOr<std::vector<std::string>> jobs = ws.ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE(jobs->empty());
+  EXPECT_EQ(rmdir(dir.Child("new/root").c_str()), 0);  // Nothing left in it.
+}
+
+TEST(WorkspaceTest, CheckWritableNamesTheRootWhenAFileIsInTheWay) {
+  ScopedTempDir dir;
+  WriteRaw(dir.Child("file"), "x");
+  const Workspace ws(dir.Child("file"));
+  absl::Status status = ws.CheckWritable();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("workspace " + dir.Child("file")));
+}
+
+TEST(WorkspaceTest, CheckWritableRefusesAReadOnlyDirectory) {
+  if (geteuid() == 0) {
+    GTEST_SKIP() << "root writes into mode 0555 directories; the container "
+                    "tests check a read-only mount instead";
+  }
+  ScopedTempDir dir;
+  ASSERT_EQ(mkdir(dir.Child("ro").c_str(), 0555), 0);
+  const Workspace ws(dir.Child("ro"));
+  absl::Status status = ws.CheckWritable();
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(), HasSubstr("not writable"));
+}
+
 TEST(WorkspaceTest, JobConfigRoundTrip) {
   ScopedTempDir dir;
   const Workspace ws(dir.path());

@@ -1,5 +1,7 @@
 #include "security/identity.h"
 
+#include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
@@ -46,6 +48,34 @@ absl::Status VerifyAgainstCa(const std::string& cert_pem,
   return status;
 }
 
+// Checks that the private key in `key_pem` belongs to the certificate in
+// `cert_pem` (a swapped or stale key.pem would otherwise only show as failed
+// handshakes once peers call).
+absl::Status CheckKeyMatchesCertificate(const std::string& key_pem,
+                                        const std::string& cert_pem,
+                                        const std::string& dir) {
+  BIO* key_bio =
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  BIO* cert_bio =
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  BIO_free(key_bio);
+  BIO_free(cert_bio);
+  absl::Status status;
+  if (key == nullptr) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat(dir, "/key.pem: not a PEM private key"));
+  } else if (cert != nullptr && X509_check_private_key(cert, key) != 1) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        dir, "/key.pem does not match the certificate ", dir, "/cert.pem"));
+  }
+  ERR_clear_error();
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  return status;
+}
+
 }  // namespace
 
 absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir) {
@@ -58,6 +88,8 @@ absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir) {
                          persist::ReadFileToString(dir + "/ca.crt"));
   SWARM_RETURN_IF_ERROR(
       VerifyAgainstCa(identity.cert_pem, identity.ca_pem, dir));
+  SWARM_RETURN_IF_ERROR(
+      CheckKeyMatchesCertificate(identity.key_pem, identity.cert_pem, dir));
   SWARM_ASSIGN_OR_RETURN(CertInfo info, ParseCertificate(identity.cert_pem));
   identity.name = info.common_name;
   identity.role = info.role;

@@ -20,7 +20,8 @@ struct TlsIdentity {
 };
 
 // Reads DIR/key.pem, DIR/cert.pem and DIR/ca.crt and checks that they fit
-// together (the certificate is signed by the CA and currently valid).
+// together (the certificate is signed by the CA and currently valid, and the
+// key is the certificate's). Errors name the file and the problem.
 absl::StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& dir);
 
 }  // namespace swarm::security

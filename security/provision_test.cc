@@ -128,5 +128,25 @@ TEST_F(ProvisionTest, MismatchedFilesAreRefusedOnLoad) {
   EXPECT_FALSE(LoadTlsIdentity(d + "/sites/nobody").ok());
 }
 
+TEST_F(ProvisionTest, AKeyOfAnotherCertificateIsRefusedOnLoad) {
+  ASSERT_TRUE(Provision(job_, dir_.string(), {}).ok());
+  const std::string d = dir_.string();
+  // site-b's key beside site-a's certificate (both from the same CA).
+  absl::StatusOr<std::string> key_b =
+      persist::ReadFileToString(d + "/sites/site-b/key.pem");
+  ASSERT_TRUE(key_b.ok());
+  ASSERT_TRUE(
+      persist::WriteFileAtomically(d + "/sites/site-a/key.pem", *key_b).ok());
+  absl::StatusOr<TlsIdentity> identity = LoadTlsIdentity(d + "/sites/site-a");
+  ASSERT_FALSE(identity.ok());
+  EXPECT_THAT(identity.status().message(),
+              HasSubstr(d + "/sites/site-a/key.pem does not match"));
+  ASSERT_TRUE(
+      persist::WriteFileAtomically(d + "/sites/site-a/key.pem", "not a key")
+          .ok());
+  EXPECT_THAT(LoadTlsIdentity(d + "/sites/site-a").status().message(),
+              HasSubstr("key.pem: not a PEM private key"));
+}
+
 }  // namespace
 }  // namespace swarm::security

@@ -3,7 +3,11 @@
 #
 #   tests/run.sh            release build + full suite, then the full suite under
 #                           AddressSanitizer+UBSan, then the concurrency tests
-#                           under ThreadSanitizer, then each fuzz target for 60 s
+#                           under ThreadSanitizer, then each fuzz target for 60 s,
+#                           then the deploy stage (tests/deploy/run.sh: the
+#                           container image, the compose swarm and the generated
+#                           Kubernetes manifests under Podman; as root, else it
+#                           prints SKIP and the reason)
 #   tests/run.sh --quick    release build + full suite only
 #
 # Build trees: build/release, build/asan, build/tsan, build/fuzz. Exits non-zero on any
@@ -58,5 +62,9 @@ if [ "$QUICK" -eq 0 ]; then
     -DSWARM_SANITIZE_THREAD=ON -DSWARM_BUILD_BENCH=OFF
   echo "=== fuzz"
   bash "$ROOT/tests/fuzz/run.sh" "${SWARM_FUZZ_SECONDS:-60}"
+  echo "=== deploy (container image, compose, Kubernetes manifests; Podman)"
+  deploy_start=$SECONDS
+  bash "$ROOT/tests/deploy/run.sh" "$ROOT/build/release"
+  echo "=== deploy stage: $((SECONDS - deploy_start))s"
 fi
 echo "=== all tests passed"

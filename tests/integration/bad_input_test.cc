@@ -572,6 +572,30 @@ TEST_F(FakeAggregatorTest, TrainerStreamsItsResultInTheJobsChunkSize) {
                                   kChunkSize));
 }
 
+// `swarmctl health` (the container and Kubernetes probe) over the standard
+// gRPC health service: SERVING while the daemon runs, exit 1 once it stopped,
+// and the server certificate's name is checked (--server-name overrides it).
+TEST(HealthTest, SwarmctlHealthFollowsTheDaemon) {
+  LocalSwarm swarm("health");
+  ASSERT_OK_STATUS(swarm.StartSite("site-a", {}));
+  const std::string address = swarm.site("site-a").address;
+  CommandResult healthy = swarm.Swarmctl({"health", "--site", address});
+  EXPECT_EQ(healthy.code(), 0) << healthy.ToString();
+  EXPECT_THAT(healthy.out, HasSubstr("SERVING"));
+  // The site's certificate names 127.0.0.1, not "elsewhere".
+  CommandResult wrong_name = swarm.Swarmctl(
+      {"health", "--site", address, "--server-name", "elsewhere"});
+  EXPECT_EQ(wrong_name.code(), 1) << wrong_name.ToString();
+  CommandResult usage = swarm.Swarmctl({"health"});
+  EXPECT_EQ(usage.code(), 2) << usage.ToString();
+
+  ASSERT_OK_STATUS(swarm.StopAll(absl::Seconds(10)));
+  CommandResult stopped =
+      swarm.Swarmctl({"health", "--site", address, "--timeout-ms", "1000"});
+  EXPECT_EQ(stopped.code(), 1) << stopped.ToString();
+  EXPECT_THAT(stopped.err, HasSubstr(address));
+}
+
 TEST(SiteRefusalTest, SecondJobWhileOneRuns) {
   LocalSwarm swarm("second-job-while-one-runs");
   // Training takes a minute (cancellable), so the first job is still running
