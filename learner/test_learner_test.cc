@@ -245,11 +245,14 @@ TEST(TestLearnerTest, CancelDuringTrainingReturnsPromptly) {
   absl::StatusOr<Model> global = learner->InitialModel();
   ASSERT_TRUE(global.ok());
   std::atomic<bool> cancel{false};
+  // Timed from before the canceller starts: under load the thread may run
+  // its sleep before this thread gets back (a start taken after it made
+  // the test fail at 19 ms once).
+  const absl::Time start = absl::Now();
   std::thread canceller([&cancel] {
     absl::SleepFor(absl::Milliseconds(30));
     cancel.store(true);
   });
-  const absl::Time start = absl::Now();
   absl::StatusOr<TrainOutput> out = learner->Train(*global, 0, cancel);
   const absl::Duration took = absl::Now() - start;
   canceller.join();
