@@ -17,6 +17,8 @@ namespace {
 // How often a waiting Learner call looks at its cancel flag (the interface
 // hands over a bare atomic with nothing to wait on).
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
+// Longest a NextTask call is held.
+constexpr absl::Duration kMaxTaskWait = absl::Seconds(1);
 // Outcomes kept for late calls about finished tasks.
 constexpr size_t kFinishedKept = 32;
 
@@ -227,8 +229,11 @@ absl::StatusOr<v1::NextTaskReply> TrainerLink::NextTask(
     return shutdown_ || session_changes_ != changes ||
            (task_ != nullptr && task_->state == TaskState::kQueued);
   };
+  // Capped so that the end of a job (which the link learns by asking
+  // View) reaches an idle trainer within about a second.
   const absl::Duration wait =
-      std::min(absl::Milliseconds(request.wait_ms()), options_.lease / 2);
+      std::min({absl::Milliseconds(request.wait_ms()), options_.lease / 2,
+                kMaxTaskWait});
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
   found = FindSession(id);
   if (!found.ok()) return found.status();

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import (Callable, Dict, Iterator, List, Mapping, Optional, Union)
 
 import grpc
@@ -176,11 +177,20 @@ class Site:
         request = pb.AttachRequest(protocol_version=PROTOCOL_VERSION,
                                    trainer_name=name, pid=os.getpid(),
                                    job_id=job)
-        try:
-            reply = self._stub.Attach(request, timeout=timeout)
-        except grpc.RpcError as err:
-            self._channel.close()
-            raise _error(err, "attach") from None
+        # Another trainer holds the site (e.g. this trainer's previous run,
+        # killed, whose lease has not run out yet): wait up to `timeout`.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self._stub.Attach(request, timeout=timeout)
+                break
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.ALREADY_EXISTS and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                self._channel.close()
+                raise _error(err, "attach") from None
         self._session: str = reply.session_id
         self.site: str = reply.site
         self.job_id: str = reply.job_id
@@ -281,8 +291,10 @@ def connect(socket: Optional[str] = None, name: Optional[str] = None,
     daemon in launch mode). job: refuse to work for another job (default
     $SWARM_JOB_ID or any). initial_model: the first round's weights (a mapping
     or a callable returning one) for when this site starts the job.
-    Raises LinkError (no daemon) or AttachRefused (another trainer attached,
-    protocol version mismatch, other job)."""
+    While another trainer is attached (for instance this script's previous
+    run, killed, until its lease runs out) it retries for `timeout` seconds.
+    Raises LinkError (no daemon) or AttachRefused (another trainer still
+    attached after `timeout`, protocol version mismatch, other job)."""
     socket = socket or os.environ.get(SOCKET_ENV)
     if not socket:
         raise LinkError(f"no socket given and ${SOCKET_ENV} is not set")

@@ -116,8 +116,9 @@ def write(path: str, tensors: Mapping[str, TensorValue],
           dtypes: Optional[Mapping[str, str]] = None,
           metadata: Optional[Mapping[str, str]] = None) -> None:
     """Writes `tensors` (in mapping order) to `path`: one copy of the data,
-    straight from each array into the file. `dtypes` may name the safetensors
-    dtype per tensor (e.g. "BF16" for a uint16 array)."""
+    straight from each array into the file (never converted). `dtypes` may
+    name the safetensors dtype of raw arrays (e.g. "BF16" for a uint16
+    array)."""
     header: Dict[str, object] = {}
     blocks = []
     offset = 0
@@ -126,8 +127,11 @@ def write(path: str, tensors: Mapping[str, TensorValue],
             dtype, array = value.dtype, value.bits
         else:
             array = np.asarray(value)
-            dtype = (dtypes or {}).get(name) or dtype_of(array)
-            array = array.astype(_NUMPY[dtype], copy=False)
+            dtype = dtype_of(array)
+            named = (dtypes or {}).get(name)
+            if named and named != dtype and \
+                    np.dtype(_NUMPY[named]) == array.dtype:
+                dtype = named  # Raw bits (e.g. uint16 for a BF16 tensor).
         if not array.flags.c_contiguous:  # (ascontiguousarray makes 0-d 1-d)
             array = array.copy(order="C")
         if array.dtype.byteorder == ">":

@@ -9,7 +9,7 @@ wins over "<key>"):
   metrics        "0:0.5,1:0.75": the reported validation accuracy per round
   bad.<round>    misbehave in that round: name | shape | dtype | nan | zero |
                  silent (never submit) | die (SIGKILL itself mid-task, once per
-                 workspace: a marker file in the working directory)
+                 site: a marker file beside the link's socket)
 """
 import os
 import signal
@@ -53,7 +53,8 @@ def main():
         bad = param(task, f"bad.{task.round}", "")
         try:
             if bad == "die":
-                marker = f"died-in-round-{task.round}"
+                marker = os.path.join(
+                    os.path.dirname(site.socket), f"died-in-round-{task.round}")
                 if not os.path.exists(marker):
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGKILL)
