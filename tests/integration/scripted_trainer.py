@@ -35,7 +35,15 @@ def initial(site_params):
 def main():
     # The initial model needs the params, which come with a task; the starting
     # site's first task is the initial-model request.
-    site = swarm.connect(name="scripted-trainer")
+    # Test knobs: a short attach timeout, a fake protocol version.
+    if "SCRIPTED_PROTOCOL_VERSION" in os.environ:
+        swarm.link.PROTOCOL_VERSION = int(os.environ["SCRIPTED_PROTOCOL_VERSION"])
+    try:
+        site = swarm.connect(name="scripted-trainer", timeout=float(
+            os.environ.get("SCRIPTED_CONNECT_TIMEOUT", "30")))
+    except swarm.AttachRefused as err:
+        print(f"scripted trainer: refused: {err}", file=sys.stderr, flush=True)
+        sys.exit(3)
     print(f"scripted trainer attached to site {site.site}", file=sys.stderr,
           flush=True)
     for task in site.tasks():

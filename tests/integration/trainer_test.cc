@@ -81,17 +81,23 @@ class TrainerTest : public ::testing::Test {
     return trainer;
   }
 
-  // Starts an attach-mode site's trainer as the user would.
+  // Starts an attach-mode site's trainer as the user would; `env` adds
+  // "NAME=value" entries.
   std::unique_ptr<Process> StartAttached(LocalSwarm& swarm,
-                                         const std::string& name) {
+                                         const std::string& name,
+                                         std::vector<std::string> env = {},
+                                         const std::string& label = "trainer") {
     const std::string socket =
         absl::StrCat(swarm.Workspace(name), "/trainer/link.sock");
+    std::vector<std::string> argv = {
+        "/usr/bin/env", absl::StrCat("SWARM_TRAINER_SOCKET=", socket),
+        absl::StrCat("PYTHONPATH=", SWARM_PYTHON_DIR)};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.push_back(kPython);
+    argv.push_back(SWARM_SCRIPTED_TRAINER);
     absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(
-        {"/usr/bin/env", absl::StrCat("SWARM_TRAINER_SOCKET=", socket),
-         absl::StrCat("PYTHONPATH=", SWARM_PYTHON_DIR), kPython,
-         SWARM_SCRIPTED_TRAINER},
-        absl::StrCat(swarm.dir(), "/", name, "-trainer.out"),
-        absl::StrCat(swarm.dir(), "/", name, "-trainer.err"));
+        argv, absl::StrCat(swarm.dir(), "/", name, "-", label, ".out"),
+        absl::StrCat(swarm.dir(), "/", name, "-", label, ".err"));
     EXPECT_TRUE(process.ok()) << process.status();
     return process.ok() ? std::move(*process) : nullptr;
   }
@@ -191,8 +197,39 @@ TEST_F(TrainerTest, LaunchAndAttachSitesGiveTheExactAggregates) {
                                     {"site-b", false, 0.25, 4, {}},
                                     {"site-c", true, 0.625, 2, {}}};
   std::map<std::string, std::unique_ptr<Process>> attached;
-  RunJob(swarm, "trainer-exact", sites, 4, &attached);
+  // While site-c's trainer is attached, a second one is refused, and so is
+  // one that speaks another protocol version.
+  std::string second_err, version_err;
+  RunJob(swarm, "trainer-exact", sites, 4, &attached,
+         [&](const std::atomic<bool>&) {
+           const absl::Time until = absl::Now() + absl::Seconds(30);
+           while (!absl::StrContains(
+                      ReadFileOrEmpty(swarm.site("site-c").log_path),
+                      ") attached (lease") &&
+                  absl::Now() < until) {
+             absl::SleepFor(absl::Milliseconds(50));
+           }
+           for (const auto& [label, env] :
+                std::vector<std::pair<std::string, std::string>>{
+                    {"second", "SCRIPTED_PROTOCOL_VERSION=1"},
+                    {"version", "SCRIPTED_PROTOCOL_VERSION=9"}}) {
+             std::unique_ptr<Process> other = StartAttached(
+                 swarm, "site-c", {env, "SCRIPTED_CONNECT_TIMEOUT=1"}, label);
+             absl::StatusOr<ExitInfo> exit =
+                 other->Wait(absl::Now() + absl::Seconds(30));
+             EXPECT_TRUE(exit.ok() && exit->exited && exit->exit_code == 3)
+                 << label << ": " << (exit.ok() ? exit->ToString() : "hangs");
+             (label == "second" ? second_err : version_err) = ReadFileOrEmpty(
+                 absl::StrCat(swarm.dir(), "/site-c-", label, ".err"));
+           }
+         });
   if (HasFailure()) return;
+  EXPECT_THAT(second_err,
+              HasSubstr("site site-c already has a trainer attached: "
+                        "scripted-trainer"));
+  EXPECT_THAT(version_err,
+              HasSubstr("the trainer speaks version 9, site site-c's daemon "
+                        "speaks version 1"));
   const double step = Step(sites);
   ASSERT_EQ(step, 0.3125);
   ExpectLast(swarm, "trainer-exact", sites, {step, step, step, step}, true);
