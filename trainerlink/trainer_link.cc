@@ -65,11 +65,6 @@ void TrainerLink::SetParams(std::map<std::string, std::string> params) {
   params_ = std::move(params);
 }
 
-bool TrainerLink::attached() {
-  absl::MutexLock lock(&mu_);
-  return session_.has_value();
-}
-
 void TrainerLink::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (shutdown_) return;

@@ -95,9 +95,6 @@ class TrainerLink {
   // Ends every wait (Unavailable) and refuses further calls.
   void Shutdown();
 
-  // True while a trainer session is attached.
-  bool attached();
-
  private:
   struct Session {
     std::string id;
