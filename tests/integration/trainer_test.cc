@@ -257,12 +257,15 @@ TEST_F(TrainerTest, KilledTrainersAreRestartedOrWaitedFor) {
   std::unique_ptr<Process> restarted;
   RunJob(swarm, "trainer-killed", sites, 4, &attached,
          [&](const std::atomic<bool>& stop) {
+           // This thread outlives the restarted trainer: a child started by
+           // Process dies with the thread that started it (PDEATHSIG).
            Process* first = attached["site-c"].get();
            while (!stop && first != nullptr) {
-             if (first->Wait(absl::Now() + absl::Milliseconds(100)).ok()) {
+             if (restarted == nullptr &&
+                 first->Wait(absl::Now() + absl::Milliseconds(100)).ok()) {
                restarted = StartAttached(swarm, "site-c");
-               return;
              }
+             if (restarted != nullptr) absl::SleepFor(absl::Milliseconds(50));
            }
          });
   if (HasFailure()) return;
