@@ -263,7 +263,12 @@ if [ "$BASELINES" -eq 1 ]; then
     echo "  site-$((i + 1)) alone: $acc"
   done
   if [ "$TRAINER" = pytorch ]; then
-    CENTRAL_ACC=$("$PYTHON" "$CNN" "${cnn[@]}" --central --threads "$(nproc)" 2>/dev/null |
+    # All the training data the sites hold between them (the same subset
+    # with --quick), nothing held out.
+    "$MLP" shard --site-index 0 --sites 1 --partition iid --validation-fraction 0 \
+      --max-train-samples "$MAX_TRAIN" --out "$WORKSPACE/central-shard.txt" >/dev/null
+    CENTRAL_ACC=$("$PYTHON" "$CNN" "${cnn[@]}" --shard "$WORKSPACE/central-shard.txt" \
+                    --threads "$(nproc)" 2>/dev/null |
                   sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
   else
     CENTRAL_ACC=$("$MLP" train --central "${common[@]}" 2>/dev/null |
