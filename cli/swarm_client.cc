@@ -32,8 +32,9 @@
 #include "learner/learner_factory.h"
 #include "persist/workspace.h"
 #include "security/certificates.h"
-#include "rpc/tls.h"
 #include "rpc/grpc_stream.h"
+#include "rpc/tls.h"
+#include "trainerlink/external_learner.h"
 
 namespace swarm {
 namespace {
@@ -136,11 +137,27 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<std::unique_ptr<SiteLearner>> learner =
-      SiteLearner::Create(config->learner(), config->name());
-  if (!learner.ok()) {
-    SWARM_LOG_ERROR("learner: %s", learner.status().message());
-    return 2;
+  // learner.kind "external": a trainer process over the trainer link;
+  // otherwise a built-in learner.
+  std::unique_ptr<Learner> learner;
+  trainerlink::ExternalLearner* external = nullptr;
+  if (config->learner().kind() == "external") {
+    absl::StatusOr<std::unique_ptr<trainerlink::ExternalLearner>> created =
+        trainerlink::ExternalLearner::Create(*config);
+    if (!created.ok()) {
+      SWARM_LOG_ERROR("learner: %s", created.status().message());
+      return 2;
+    }
+    external = created->get();
+    learner = std::move(*created);
+  } else {
+    absl::StatusOr<std::unique_ptr<SiteLearner>> created =
+        SiteLearner::Create(config->learner(), config->name());
+    if (!created.ok()) {
+      SWARM_LOG_ERROR("learner: %s", created.status().message());
+      return 2;
+    }
+    learner = std::move(*created);
   }
   TuneMallocForModelStreams();
   WorkspaceModelStore store(config->workspace());
@@ -154,8 +171,19 @@ int Run(int argc, char** argv) {
   GrpcPeerTransport transport(&channels);
   ControllerOptions options;
   options.site = config->name();
-  SwarmController controller(options, &transport, learner->get(), &store,
+  SwarmController controller(options, &transport, learner.get(), &store,
                              runner.get());
+  if (external != nullptr) {
+    external->SetJobView([&controller] {
+      const v1::SiteStatus status = controller.Status().status();
+      trainerlink::JobView view;
+      view.job_id = status.job_id();
+      view.ended = status.state() == v1::SITE_STATE_DONE ||
+                   status.state() == v1::SITE_STATE_FAILED ||
+                   status.state() == v1::SITE_STATE_ABORTED;
+      return view;
+    });
+  }
   PeerServiceOptions service_options;
   service_options.tls = !insecure;
   if (config->max_calls_per_peer() > 0) {
@@ -190,6 +218,8 @@ int Run(int argc, char** argv) {
   sigwait(&signals, &signal_number);
   SWARM_LOG_INFO("%s received; shutting down", strsignal(signal_number));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Stops the trainer and ends a worker's wait for it, so the join is prompt.
+  if (external != nullptr) external->Shutdown();
   runner.reset();  // Joins the workers before the controller goes away.
   SWARM_LOG_INFO("stopped");
   return 0;

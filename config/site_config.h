@@ -23,9 +23,16 @@ absl::StatusOr<v1::SiteConfig> ParseSiteConfigJson(absl::string_view json);
 // ("invalid site config: <field>: <rule>; ..."): name is a name (1..64 of
 // [A-Za-z0-9._-], not "." / ".."); listen_address is host:port (port
 // 1..65535, IPv6 as [::]:port); workspace non-empty; learner.kind non-empty;
-// learner.params keys non-empty. Whether the learner kind exists is the
+// learner.params keys non-empty; with learner.kind "external": trainer.mode
+// "launch" (with a command) or "attach" (without command, working_dir or
+// env), a socket path that fits a Unix socket address; trainer set only with
+// kind "external". Whether the learner kind exists is the
 // learner factory's call (learner/learner_factory.h).
 absl::Status ValidateSiteConfig(const v1::SiteConfig& config);
+
+// The trainer link's socket: trainer.socket_path, or by default
+// <workspace>/trainer/link.sock.
+std::string TrainerSocketPath(const v1::SiteConfig& config);
 
 // Read + parse + validate. Errors name the path; an unreadable file also
 // gives strerror.

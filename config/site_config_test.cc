@@ -147,5 +147,41 @@ TEST(SiteConfigTest, FileErrorsNameThePath) {
                         ": listen_address: \"h\" is not host:port"));
 }
 
+TEST(SiteConfigTest, ExternalTrainerFields) {
+  absl::StatusOr<v1::SiteConfig> parsed = ParseSiteConfigJson(R"({
+    "name": "site-a", "listen_address": "0.0.0.0:7001", "workspace": "/ws",
+    "learner": {"kind": "external", "params": {"lr": "0.1"}},
+    "trainer": {"mode": "launch", "command": ["python3", "train.py"],
+                "working_dir": "/srv", "env": {"OMP_NUM_THREADS": "1"},
+                "lease_ms": 5000}
+  })");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(ValidateSiteConfig(*parsed).ok());
+  EXPECT_EQ(TrainerSocketPath(*parsed), "/ws/trainer/link.sock");
+  parsed->mutable_trainer()->set_socket_path("/run/t.sock");
+  EXPECT_EQ(TrainerSocketPath(*parsed), "/run/t.sock");
+
+  v1::SiteConfig config = Base();
+  config.mutable_learner()->set_kind("external");
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("trainer.mode: \"\" (must be \"launch\" or "
+                        "\"attach\")"));
+  config.mutable_trainer()->set_mode("launch");
+  EXPECT_THAT(ErrorOf(config), HasSubstr("trainer.command: empty"));
+  config.mutable_trainer()->set_mode("attach");
+  config.mutable_trainer()->add_command("x");
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("trainer.command/working_dir/env: set in attach"));
+  config.mutable_trainer()->clear_command();
+  EXPECT_TRUE(ValidateSiteConfig(config).ok());
+  config.mutable_trainer()->set_socket_path(std::string(120, 's'));
+  EXPECT_THAT(ErrorOf(config), HasSubstr("is 120 bytes (a Unix socket path "
+                                         "holds at most 107"));
+  config = Base();
+  config.mutable_trainer()->set_mode("attach");
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("trainer: set, but learner.kind is \"test\""));
+}
+
 }  // namespace
 }  // namespace swarm

@@ -9,6 +9,11 @@
 //       with --central (= --site-index all) one model on all the training
 //       data, from the seeded initial model, for E epochs; prints its test
 //       accuracy.
+//   swarm-mlp shard --site-index I --sites N [learner flags] --out FILE
+//       Writes site I's training and validation indices into the training
+//       set (the same split the learner uses) as two text lines,
+//       "train i,j,..." and "validation i,j,...": external trainers (the
+//       PyTorch example) train on exactly the MLP's data.
 //   swarm-mlp simulate --sites N --rounds R [learner flags] [--out FILE]
 //       [--csv FILE] [--jobs J]
 //       An offline FedAvg of N sites over R rounds, in one process (for
@@ -29,6 +34,7 @@
 // model, I/O); 2 bad usage or invalid options (including a split that cannot
 // be satisfied).
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +51,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
 #include "learner/fashion_mnist.h"
@@ -60,6 +67,7 @@ constexpr char kUsage[] =
     "  swarm-mlp evaluate --model FILE [--data-dir D]\n"
     "  swarm-mlp train (--site-index I --sites N | --central) --epochs E\n"
     "                  [learner flags] [--out FILE]\n"
+    "  swarm-mlp shard --site-index I --sites N [learner flags] --out FILE\n"
     "  swarm-mlp simulate --sites N --rounds R [learner flags] [--out FILE]\n"
     "                  [--csv FILE] [--jobs J]\n"
     "learner flags: --data-dir --partition iid|dirichlet --alpha --data-seed\n"
@@ -306,6 +314,47 @@ int Train(const Args& args) {
   return kOk;
 }
 
+int Shard(const Args& args) {
+  std::map<std::string, std::string> params = LearnerParams(args);
+  const std::string index = Optional(args, "site-index");
+  const std::string out = Optional(args, "out");
+  if (index.empty() || out.empty()) {
+    return Usage("shard needs --site-index I (with --sites N) and --out FILE");
+  }
+  params["site_index"] = index;
+  absl::StatusOr<MlpLearnerOptions> options =
+      ParseMlpLearnerOptions(absl::StrCat("site-", index), params);
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<ImageDataset> train =
+      LoadFashionMnist(options->data_dir, FashionMnistSplit::kTrain);
+  if (!train.ok()) return Fail(train.status());
+  SiteShardOptions shard;
+  shard.partition.sites = options->sites;
+  shard.partition.kind = options->partition;
+  shard.partition.alpha = options->alpha;
+  shard.partition.seed = options->data_seed;
+  shard.site_index = options->site_index;
+  shard.validation_fraction = options->validation_fraction;
+  shard.max_samples = options->max_train_samples;
+  absl::StatusOr<ShardSplit> split =
+      SiteShard(train->labels, train->num_classes, shard);
+  if (!split.ok()) return Fail(split.status());
+  std::string text = absl::StrCat("train ", absl::StrJoin(split->train, ","),
+                                  "\nvalidation ",
+                                  absl::StrJoin(split->validation, ","), "\n");
+  FILE* file = std::fopen(out.c_str(), "w");
+  if (file == nullptr ||
+      std::fwrite(text.data(), 1, text.size(), file) != text.size() ||
+      std::fclose(file) != 0) {
+    std::fprintf(stderr, "swarm-mlp: cannot write %s: %s\n", out.c_str(),
+                 std::strerror(errno));
+    return kFailed;
+  }
+  std::printf("site_index=%s train_samples=%zu validation_samples=%zu\n",
+              index.c_str(), split->train.size(), split->validation.size());
+  return kOk;
+}
+
 // The sample-weighted mean of `models` (same layout) into `out`.
 absl::Status FedAvg(const std::vector<TrainOutput>& results, Model* out) {
   double total = 0;
@@ -477,6 +526,10 @@ int Main(int argc, char** argv) {
     allowed = LearnerFlagSet();
     allowed.insert({"site-index", "central", "out"});
     run = &Train;
+  } else if (command == "shard") {
+    allowed = LearnerFlagSet();
+    allowed.insert({"site-index", "out"});
+    run = &Shard;
   } else if (command == "simulate") {
     allowed = LearnerFlagSet();
     allowed.insert({"rounds", "out", "csv", "jobs"});

@@ -10,7 +10,11 @@ SWARM_PACKAGES=(
   libabsl-dev libssl-dev libgtest-dev libgmock-dev
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy dataset-fashion-mnist
+  python3-grpcio python3-protobuf
 )
+# Only for the PyTorch example (deploy/local/demo.sh --trainer pytorch); the
+# tests do not need it.
+SWARM_TORCH_PACKAGES=(python3-torch)
 
 swarm_install_packages() {
   local missing=()

@@ -7,7 +7,12 @@
 #   deploy/local/demo.sh [--sites 4] [--rounds 20] [--alpha 0.5] [--epochs 1]
 #                        [--lr 0.05] [--base-port 17400] [--workspace DIR]
 #                        [--no-baselines] [--insecure] [--quick]
-#                        [--bin-dir BUILD_DIR]
+#                        [--bin-dir BUILD_DIR] [--trainer mlp|pytorch]
+#
+# --trainer pytorch: each site's learner is an external trainer, a small CNN in
+# PyTorch (examples/pytorch-fashion-mnist/train.py) that the daemon launches
+# over the trainer link, on the same shard the MLP would use (default 12
+# rounds; the baselines are the same CNN alone and centrally).
 #
 # On a fresh Debian 12 machine it installs what is missing (apt-get),
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
@@ -28,10 +33,13 @@ BASELINES=1
 INSECURE=0
 MAX_TRAIN=0
 BIN_DIR=""
+TRAINER=mlp
+ROUNDS_SET=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sites) SITES=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; ROUNDS_SET=1; shift 2 ;;
+    --trainer) TRAINER=$2; shift 2 ;;
     --alpha) ALPHA=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
     --lr) LR=$2; shift 2 ;;
@@ -40,11 +48,16 @@ while [ $# -gt 0 ]; do
     --no-baselines) BASELINES=0; shift ;;
     --bin-dir) BIN_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
-    --quick) SITES=3; ROUNDS=3; MAX_TRAIN=12000; shift ;;
-    -h|--help) sed -n 2,18p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --quick) SITES=3; ROUNDS=3; ROUNDS_SET=1; MAX_TRAIN=12000; shift ;;
+    -h|--help) sed -n 2,23p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$TRAINER" in
+  mlp) ;;
+  pytorch) [ "$ROUNDS_SET" -eq 1 ] || ROUNDS=12 ;;
+  *) echo "demo.sh: --trainer must be mlp or pytorch" >&2; exit 2 ;;
+esac
 case "$SITES" in ''|*[!0-9]*) echo "demo.sh: --sites must be a number" >&2; exit 2 ;; esac
 case "$ROUNDS" in ''|*[!0-9]*) echo "demo.sh: --rounds must be a number" >&2; exit 2 ;; esac
 if [ "$SITES" -lt 1 ] || [ "$ROUNDS" -lt 1 ]; then
@@ -58,10 +71,19 @@ if [ -n "$BIN_DIR" ]; then
 else
   source "$ROOT/tests/install_deps.sh"
   swarm_install_packages "${SWARM_PACKAGES[@]}"
+  if [ "$TRAINER" = pytorch ]; then
+    swarm_install_packages "${SWARM_TORCH_PACKAGES[@]}"
+  fi
   BUILD="$ROOT/build/release"
   echo "=== building (build/release)"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$BUILD" -j "$(nproc)" --target swarm-client swarmctl swarm-mlp
+  cmake --build "$BUILD" -j "$(nproc)" --target swarm-client swarmctl swarm-mlp swarm_python
+fi
+PYTHON=/usr/bin/python3
+CNN="$ROOT/examples/pytorch-fashion-mnist/train.py"
+if [ "$TRAINER" = pytorch ] && ! "$PYTHON" -c "import torch, grpc" 2>/dev/null; then
+  echo "demo.sh: --trainer pytorch needs python3-torch and python3-grpcio (run without --bin-dir to install them)" >&2
+  exit 1
 fi
 CLIENT="$BUILD/cli/swarm-client"
 CTL="$BUILD/cli/swarmctl"
@@ -124,7 +146,26 @@ for ((i = 0; i < SITES; i++)); do
   mkdir -p "$dir"
   tls_line=""
   [ "$INSECURE" -eq 0 ] && tls_line="\"tls_dir\": \"$WORKSPACE/pki/sites/$site\","
-  cat >"$dir/site.json" <<EOF
+  if [ "$TRAINER" = pytorch ]; then
+    # The CNN trains on the shard the MLP would use.
+    "$MLP" shard --site-index "$i" --sites "$SITES" --partition dirichlet \
+      --alpha "$ALPHA" --data-seed 1 --max-train-samples "$MAX_TRAIN" \
+      --out "$dir/shard.txt" >/dev/null
+    cat >"$dir/site.json" <<EOF
+{
+  "name": "$site",
+  "listen_address": "127.0.0.1:$((BASE_PORT + i))",
+  "workspace": "$dir/workspace",
+  $tls_line
+  "learner": {"kind": "external", "params": {
+      "shard_file": "$dir/shard.txt", "epochs": "$EPOCHS", "lr": "$LR",
+      "seed": "1"}},
+  "trainer": {"mode": "launch", "command": ["$PYTHON", "$CNN"],
+              "env": {"PYTHONPATH": "$BUILD/python", "OMP_NUM_THREADS": "1"}}
+}
+EOF
+  else
+    cat >"$dir/site.json" <<EOF
 {
   "name": "$site",
   "listen_address": "127.0.0.1:$((BASE_PORT + i))",
@@ -135,6 +176,7 @@ $(learner_params "$i")
   }}
 }
 EOF
+  fi
   "$CLIENT" --config "$dir/site.json" "${TLS_FLAGS[@]}" >"$dir/stdout" 2>"$dir/log" &
   PIDS+=($!)
 done
@@ -166,7 +208,13 @@ echo "swarm job finished in ${SWARM_SECONDS}s"
 # test accuracy of the round's output.
 CSV="$WORKSPACE/rounds.csv"
 echo "round,aggregator,mean_validation_accuracy,test_accuracy" >"$CSV"
-accuracy_of() { "$MLP" evaluate --model "$1" | sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p'; }
+accuracy_of() {
+  if [ "$TRAINER" = pytorch ]; then
+    "$PYTHON" "$CNN" --evaluate "$1"
+  else
+    "$MLP" evaluate --model "$1"
+  fi | sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p'
+}
 metadata_of() {  # file key
   /usr/bin/python3 - "$1" "$2" <<'EOF'
 import json, struct, sys
@@ -194,20 +242,46 @@ if [ "$BASELINES" -eq 1 ]; then
   echo "=== baselines: $BUDGET epochs each"
   common=(--sites "$SITES" --partition dirichlet --alpha "$ALPHA" --data-seed 1 --seed 1
           --lr "$LR" --epochs "$BUDGET" --max-train-samples "$MAX_TRAIN")
+  cnn=(--baseline --lr "$LR" --epochs "$BUDGET" --seed 1)
+  if [ "$TRAINER" = pytorch ]; then
+    # The sites' CNNs train side by side (one thread each).
+    for ((i = 0; i < SITES; i++)); do
+      "$PYTHON" "$CNN" "${cnn[@]}" --shard "$WORKSPACE/site-$((i + 1))/shard.txt" \
+        >"$WORKSPACE/site-$((i + 1))/baseline.out" 2>/dev/null &
+      PIDS+=($!)
+    done
+    wait "${PIDS[@]: -$SITES}" || true
+  fi
   for ((i = 0; i < SITES; i++)); do
-    acc=$("$MLP" train --site-index "$i" "${common[@]}" 2>/dev/null |
-          sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+    if [ "$TRAINER" = pytorch ]; then
+      acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$WORKSPACE/site-$((i + 1))/baseline.out")
+    else
+      acc=$("$MLP" train --site-index "$i" "${common[@]}" 2>/dev/null |
+            sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+    fi
     LOCAL_ACCS+=("$acc")
     echo "  site-$((i + 1)) alone: $acc"
   done
-  CENTRAL_ACC=$("$MLP" train --central "${common[@]}" 2>/dev/null |
-                sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+  if [ "$TRAINER" = pytorch ]; then
+    # All the training data the sites hold between them (the same subset
+    # with --quick), nothing held out.
+    "$MLP" shard --site-index 0 --sites 1 --partition iid --validation-fraction 0 \
+      --max-train-samples "$MAX_TRAIN" --out "$WORKSPACE/central-shard.txt" >/dev/null
+    CENTRAL_ACC=$("$PYTHON" "$CNN" "${cnn[@]}" --shard "$WORKSPACE/central-shard.txt" \
+                    --threads "$(nproc)" 2>/dev/null |
+                  sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+  else
+    CENTRAL_ACC=$("$MLP" train --central "${common[@]}" 2>/dev/null |
+                  sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p')
+  fi
   echo "  central: $CENTRAL_ACC"
 fi
 
 # 8. The table.
 echo
-echo "=== Fashion-MNIST test accuracy ($SITES sites, non-IID alpha=$ALPHA, $ROUNDS rounds x $EPOCHS epoch(s))"
+MODEL_NAME="MLP"
+[ "$TRAINER" = pytorch ] && MODEL_NAME="PyTorch CNN"
+echo "=== Fashion-MNIST test accuracy, $MODEL_NAME ($SITES sites, non-IID alpha=$ALPHA, $ROUNDS rounds x $EPOCHS epoch(s))"
 printf "%-34s %s\n" "model" "test accuracy"
 printf "%-34s %s\n" "swarm best model" "$BEST_ACC"
 if [ "$BASELINES" -eq 1 ]; then

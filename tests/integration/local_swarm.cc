@@ -140,23 +140,47 @@ absl::Status LocalSwarm::StartSite(
   if (sites_.count(name) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("site ", name, " started"));
   }
+  v1::SiteConfig config;
+  config.mutable_learner()->set_kind("test");
+  if (max_calls_per_peer > 0) config.set_max_calls_per_peer(max_calls_per_peer);
+  for (const auto& [key, value] : learner_params) {
+    (*config.mutable_learner()->mutable_params())[key] = value;
+  }
+  return StartSiteWithConfig(name, std::move(config));
+}
+
+absl::Status LocalSwarm::StartExternalSite(
+    const std::string& name, const v1::TrainerConfig& trainer,
+    const std::map<std::string, std::string>& learner_params) {
+  v1::SiteConfig config;
+  config.mutable_learner()->set_kind("external");
+  *config.mutable_trainer() = trainer;
+  for (const auto& [key, value] : learner_params) {
+    (*config.mutable_learner()->mutable_params())[key] = value;
+  }
+  return StartSiteWithConfig(name, std::move(config));
+}
+
+std::string LocalSwarm::Workspace(const std::string& name) const {
+  return absl::StrCat(dir_, "/ws-", name);
+}
+
+absl::Status LocalSwarm::StartSiteWithConfig(const std::string& name,
+                                             v1::SiteConfig config) {
+  if (sites_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("site ", name, " started"));
+  }
   SiteProcess site;
   site.name = name;
-  site.workspace = absl::StrCat(dir_, "/ws-", name);
+  site.workspace = Workspace(name);
   site.log_path = absl::StrCat(dir_, "/", name, ".log");
-  v1::SiteConfig config;
   config.set_name(name);
   config.set_listen_address("127.0.0.1:0");
   config.set_workspace(site.workspace);
-  config.mutable_learner()->set_kind("test");
-  if (max_calls_per_peer > 0) config.set_max_calls_per_peer(max_calls_per_peer);
   std::vector<std::string> argv = {SwarmClientPath(), "--config"};
   if (transport_ == Transport::kMutualTls) {
     Identity(name, security::kSiteRole);
     config.set_tls_dir(absl::StrCat(dir_, "/pki/", name));
-  }
-  for (const auto& [key, value] : learner_params) {
-    (*config.mutable_learner()->mutable_params())[key] = value;
   }
   site.config_path = WriteFile(absl::StrCat(name, ".json"), ToJson(config));
   argv.push_back(site.config_path);

@@ -67,6 +67,13 @@ class LocalSwarm {
       const std::string& name,
       const std::map<std::string, std::string>& learner_params,
       uint32_t max_calls_per_peer = 0);
+  // The same with learner.kind "external" and `trainer` as the site
+  // config's trainer block (an external trainer over the trainer link).
+  absl::Status StartExternalSite(
+      const std::string& name, const v1::TrainerConfig& trainer,
+      const std::map<std::string, std::string>& learner_params);
+  // <dir>/ws-<name>: the workspace a site gets.
+  std::string Workspace(const std::string& name) const;
   SiteProcess& site(const std::string& name);
   // Names in start order.
   const std::vector<std::string>& site_names() const { return names_; }
@@ -119,6 +126,9 @@ class LocalSwarm {
   std::string Logs(int lines = 40);
 
  private:
+  absl::Status StartSiteWithConfig(const std::string& name,
+                                   v1::SiteConfig config);
+
   std::string dir_;
   security::KeyAndCert ca_;
   std::map<std::string, security::TlsIdentity> identities_;

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""A small CNN on Fashion-MNIST as a Swarm site's trainer (PyTorch).
+
+  train.py                      the site's trainer (launch or attach mode);
+                                learner params come with each task
+  train.py --evaluate FILE      test accuracy of a safetensors CNN
+  train.py --baseline (--shard FILE | --central) --epochs E [--lr --seed
+           --batch-size]        train from the same initial model without the
+                                swarm, print test accuracy
+
+Data: Debian's dataset-fashion-mnist IDX files. Each site trains on the shard
+the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
+`shard_file`), so results compare with the MLP demo.
+
+Learner params: shard_file (required for the swarm), epochs (1), lr (0.05),
+momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big")
+             for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load(split, data_dir=DATA_DIR):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+    x = (torch.from_numpy(images.astype(np.float32) / 255.0) - MEAN) / STD
+    return x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
+
+
+def read_shard(path):
+    parts = {}
+    with open(path) as f:
+        for line in f:
+            name, _, values = line.strip().partition(" ")
+            parts[name] = np.array([int(v) for v in values.split(",") if v],
+                                   np.int64)
+    return torch.from_numpy(parts["train"]), torch.from_numpy(
+        parts["validation"])
+
+
+def read_safetensors(path):
+    """F32 tensors of a safetensors file (all this CNN has)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name!r} is {info['dtype']}")
+        begin, end = info["data_offsets"]
+        out[name] = torch.from_numpy(np.frombuffer(
+            data[begin:end], np.float32).reshape(info["shape"]).copy())
+    return out
+
+
+def make_cnn(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def evaluate(model, x, y, batch=1000):
+    model.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(y), batch):
+            out = model(x[i:i + batch])
+            loss += nn.functional.cross_entropy(out, y[i:i + batch],
+                                                reduction="sum").item()
+            correct += (out.argmax(1) == y[i:i + batch]).sum().item()
+    return {"accuracy": correct / max(len(y), 1), "loss": loss / max(len(y), 1)}
+
+
+def train(model, x, y, epochs, lr, momentum, batch, seed):
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=gen)
+        for i in range(0, len(y), batch):
+            idx = order[i:i + batch]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+
+
+def run_swarm():
+    import swarm  # The SDK: <build>/python on PYTHONPATH.
+    import swarm.torch  # noqa: F401 (swarm.torch helpers)
+    torch.set_num_threads(int(os.environ.get("SWARM_TORCH_THREADS", "1")))
+    model = make_cnn(int(os.environ.get("SWARM_CNN_SEED", "1")))
+    site = swarm.connect(
+        name="pytorch-fashion-mnist",
+        initial_model=lambda: swarm.torch.from_state_dict(model.state_dict()))
+    data = None
+    for task in site.tasks():
+        p = task.params
+        if data is None:
+            x, y = load("train", p.get("data_dir", DATA_DIR))
+            train_idx, val_idx = read_shard(p["shard_file"])
+            data = (x[train_idx], y[train_idx], x[val_idx], y[val_idx])
+            print(f"pytorch trainer, site {site.site}: {len(train_idx)} "
+                  f"training / {len(val_idx)} validation images",
+                  file=sys.stderr, flush=True)
+        tx, ty, vx, vy = data
+        model.load_state_dict(swarm.torch.to_state_dict(task.model))
+        task.report_validation(evaluate(model, vx, vy))
+        start = time.time()
+        train(model, tx, ty, int(p.get("epochs", "1")),
+              float(p.get("lr", "0.05")), float(p.get("momentum", "0.9")),
+              int(p.get("batch_size", "64")),
+              int(p.get("seed", "1")) * 100003 + task.round)
+        task.submit(swarm.torch.from_state_dict(model.state_dict()),
+                    num_samples=len(ty),
+                    metrics={"train_seconds": time.time() - start})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--evaluate")
+    parser.add_argument("--baseline", action="store_true")
+    parser.add_argument("--shard")
+    parser.add_argument("--central", action="store_true")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if not args.evaluate and not args.baseline:
+        return run_swarm()
+    torch.set_num_threads(args.threads)
+    test_x, test_y = load("test")
+    model = make_cnn(args.seed)
+    if args.evaluate:
+        model.load_state_dict(read_safetensors(args.evaluate))
+    else:
+        x, y = load("train")
+        if not args.central:
+            train_idx, _ = read_shard(args.shard)
+            x, y = x[train_idx], y[train_idx]
+        start = time.time()
+        for epoch in range(args.epochs):
+            train(model, x, y, 1, args.lr, args.momentum, args.batch_size,
+                  args.seed * 100003 + epoch)
+        print(f"trained {args.epochs} epochs on {len(y)} images in "
+              f"{time.time() - start:.0f}s", file=sys.stderr)
+    result = evaluate(model, test_x, test_y)
+    print(f"test_accuracy={result['accuracy']:.4f} "
+          f"test_loss={result['loss']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

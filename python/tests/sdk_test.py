@@ -1,0 +1,100 @@
+"""Unit tests of the Python SDK that need no daemon (the trainer-link
+integration tests, tests/integration/trainer_test.cc, run it end to end)."""
+import os
+import tempfile
+import unittest
+
+import numpy as np
+
+import swarm
+from swarm import safetensors
+from swarm._proto import trainer_link_pb2 as pb
+from swarm.link import Task
+
+
+class SafetensorsTest(unittest.TestCase):
+    def test_round_trip_is_mapped_without_copy(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.safetensors")
+            a = np.arange(12, dtype=np.float32).reshape(3, 4)
+            safetensors.write(path, {"a": a, "n": np.array(7, np.int64),
+                                     "flag": np.array([True, False])},
+                              metadata={"k": "v"})
+            arrays, dtypes, metadata = safetensors.read(path)
+            self.assertEqual(dtypes, {"a": "F32", "n": "I64", "flag": "BOOL"})
+            self.assertEqual(metadata, {"k": "v"})
+            np.testing.assert_array_equal(arrays["a"], a)
+            self.assertEqual(arrays["n"].shape, ())
+            self.assertIsInstance(arrays["a"].base, np.memmap)
+            self.assertFalse(arrays["a"].flags.writeable)
+            # Data starts 8-byte aligned (zero-copy views of any dtype).
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+            self.assertEqual((8 + n) % 8, 0)
+
+    def test_bf16_conversions(self):
+        values = np.array([1.0, -2.5, 3.140625, 0.0], np.float32)
+        bits = swarm.float32_to_bf16(values)
+        self.assertEqual(bits.dtype, np.uint16)
+        np.testing.assert_array_equal(swarm.bf16_to_float32(bits), values)
+        # Round to nearest even: 1 + 2^-8 is halfway, goes to 1.0.
+        self.assertEqual(swarm.bf16_to_float32(
+            swarm.float32_to_bf16(np.array([1 + 2 ** -8], np.float32)))[0],
+            1.0)
+        self.assertTrue(np.isnan(swarm.bf16_to_float32(
+            swarm.float32_to_bf16(np.array([np.nan], np.float32))))[0])
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "b.safetensors")
+            safetensors.write(path, {"w": swarm.BF16(bits)})
+            arrays, dtypes, _ = safetensors.read(path)
+            self.assertEqual(dtypes["w"], "BF16")
+            np.testing.assert_array_equal(arrays["w"], bits)
+
+
+class TaskCheckTest(unittest.TestCase):
+    def make_task(self, d):
+        path = os.path.join(d, "model.safetensors")
+        safetensors.write(path, {"w": np.zeros((2, 3), np.float32),
+                                 "b": np.zeros(3, np.float32)})
+        proto = pb.TrainerTask(task_id=1, kind=pb.TRAINER_TASK_TRAIN,
+                               model_path=path, round=4,
+                               params={"lr": "0.1"})
+        return Task(site=None, proto=proto)
+
+    def test_mismatches_name_the_tensor(self):
+        with tempfile.TemporaryDirectory() as d:
+            task = self.make_task(d)
+            self.assertEqual(task.round, 4)
+            self.assertEqual(task.params, {"lr": "0.1"})
+            good = {"w": np.ones((2, 3), np.float32),
+                    "b": np.ones(3, np.float32)}
+            task._check(good)
+            cases = [
+                ({**good, "x": np.ones(1, np.float32)}, "x", "not in"),
+                ({"w": good["w"]}, "b", "missing"),
+                ({**good, "w": np.ones((3, 2), np.float32)}, "w", "shape"),
+                ({**good, "b": np.ones(3, np.float64)}, "b", "dtype F64"),
+            ]
+            for tensors, name, words in cases:
+                with self.assertRaises(swarm.TensorMismatch) as caught:
+                    task._check(tensors)
+                self.assertEqual(caught.exception.tensor, name)
+                self.assertIn(words, str(caught.exception))
+
+    def test_connect_without_socket_is_a_link_error(self):
+        env = os.environ.pop(swarm.SOCKET_ENV, None)
+        try:
+            with self.assertRaises(swarm.LinkError):
+                swarm.connect()
+            with tempfile.TemporaryDirectory() as d:
+                with self.assertRaises(swarm.LinkError) as caught:
+                    swarm.connect(socket=os.path.join(d, "none.sock"),
+                                  timeout=0.5)
+                self.assertIn("no Swarm daemon answers", str(caught.exception))
+        finally:
+            if env is not None:
+                os.environ[swarm.SOCKET_ENV] = env
+
+
+if __name__ == "__main__":
+    unittest.main()
