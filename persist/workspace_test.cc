@@ -1,10 +1,14 @@
 #include "persist/workspace.h"
 
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "persist/atomic_file.h"
@@ -118,17 +122,62 @@ TEST(WorkspaceTest, CheckWritableNamesTheRootWhenAFileIsInTheWay) {
   EXPECT_THAT(status.message(), HasSubstr("workspace " + dir.Child("file")));
 }
 
-TEST(WorkspaceTest, CheckWritableRefusesAReadOnlyDirectory) {
-  if (geteuid() == 0) {
-    GTEST_SKIP() << "root writes into mode 0555 directories; the container "
-                    "tests check a read-only mount instead";
+// The workspace check as the user `uid` would see it: run in a child that
+// takes that uid (root ignores mode bits). Returns "<code>:<message>".
+std::string CheckWritableAs(const Workspace& ws, uid_t uid) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    std::string out = "setuid failed";
+    if (setgid(uid) == 0 && setuid(uid) == 0) {
+      const absl::Status status = ws.CheckWritable();
+      out =
+          absl::StrCat(static_cast<int>(status.code()), ":", status.message());
+    }
+    (void)!write(fds[1], out.data(), out.size());
+    _exit(0);
   }
+  close(fds[1]);
+  std::string out;
+  char buffer[512];
+  ssize_t n;
+  while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  close(fds[0]);
+  waitpid(child, nullptr, 0);
+  return out;
+}
+
+TEST(WorkspaceTest, CheckWritableRefusesAReadOnlyDirectory) {
   ScopedTempDir dir;
   ASSERT_EQ(mkdir(dir.Child("ro").c_str(), 0555), 0);
   const Workspace ws(dir.Child("ro"));
-  absl::Status status = ws.CheckWritable();
-  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(status.message(), HasSubstr("not writable"));
+  if (geteuid() != 0) {
+    absl::Status status = ws.CheckWritable();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(status.message(), HasSubstr("not writable"));
+    return;
+  }
+  // Root writes into mode 0555 directories: as root, check a read-only
+  // mount (what a container's read-only volume is), and the 0555 directory
+  // as an unprivileged user.
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  EXPECT_THAT(CheckWritableAs(ws, 65534),
+              HasSubstr(absl::StrCat(
+                  static_cast<int>(absl::StatusCode::kPermissionDenied),
+                  ":workspace ", dir.Child("ro"), " is not writable")));
+  ASSERT_EQ(mkdir(dir.Child("mnt").c_str(), 0755), 0);
+  ASSERT_EQ(
+      mount("tmpfs", dir.Child("mnt").c_str(), "tmpfs", MS_RDONLY, "size=1m"),
+      0)
+      << "mount a read-only tmpfs: " << std::strerror(errno);
+  const Workspace mounted(dir.Child("mnt"));
+  const absl::Status status = mounted.CheckWritable();
+  umount(dir.Child("mnt").c_str());
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("is not writable"));
+  EXPECT_THAT(status.message(), HasSubstr("Read-only file system"));
 }
 
 TEST(WorkspaceTest, JobConfigRoundTrip) {
