@@ -62,17 +62,20 @@ AggregationRound::AggregationRound(GathererOptions options,
       base_(std::move(base)),
       aggregator_(std::move(aggregator)) {}
 
-void AggregationRound::SyncSlots() {
+RoundCounters AggregationRound::counters() const {
   const GathererCounters& gathered = gatherer_.counters();
-  counters_.granted = gathered.permissions_granted;
-  counters_.in_flight = gathered.in_flight;
-  counters_.max_in_flight = gathered.max_in_flight;
+  RoundCounters counters;
+  counters.granted = gathered.permissions_granted;
+  counters.in_flight = gathered.in_flight;
+  counters.max_in_flight = gathered.max_in_flight;
+  counters.accepted = accepted_;
+  counters.rejected = rejected_;
+  return counters;
 }
 
 AggregationRound::Permission AggregationRound::RequestToSubmit(
     absl::string_view trainer, uint32_t round, absl::Time now) {
   Permission permission{gatherer_.RequestToSubmit(trainer, round, now), {}};
-  SyncSlots();
   permission.report = gatherer_.CheckDone(now);
   return permission;
 }
@@ -83,7 +86,7 @@ AggregationRound::ResultStart AggregationRound::BeginResult(
   const ResultDecision decision =
       gatherer_.BeginResult(header.sender(), header.round(), now);
   if (!decision.ok()) {
-    ++counters_.rejected;
+    ++rejected_;
     start.refused = decision.code == ResultCode::kError
                         ? absl::InvalidArgumentError(decision.message)
                         : absl::FailedPreconditionError(decision.message);
@@ -106,7 +109,6 @@ AggregationRound::ResultStart AggregationRound::BeginResult(
       start.refused = sink.status();
     }
   }
-  SyncSlots();
   start.report = gatherer_.CheckDone(now);
   return start;
 }
@@ -116,7 +118,7 @@ AggregationRound::ResultEnd AggregationRound::CompleteResult(
     const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
   ResultEnd end;
   if (gatherer_.closed()) {
-    ++counters_.rejected;
+    ++rejected_;
     end.reply =
         MakeReply(v1::OUTCOME_REJECTED,
                   absl::StrCat("round ", header.round(),
@@ -131,19 +133,18 @@ AggregationRound::ResultEnd AggregationRound::CompleteResult(
                  : model.status();
   if (!added.ok()) {
     gatherer_.FailResult(header.sender(), added.message(), now);
-    ++counters_.rejected;
+    ++rejected_;
     end.refused = added;
   } else {
     const ResultDecision decision = gatherer_.CompleteResult(
         header.sender(), header.sample_count(), header.metrics(), now);
     if (decision.ok()) {
-      ++counters_.accepted;
+      ++accepted_;
     } else {
-      ++counters_.rejected;
+      ++rejected_;
     }
     end.reply = MakeReply(decision.outcome(), decision.message);
   }
-  SyncSlots();
   end.report = gatherer_.CheckDone(now);
   return end;
 }

@@ -125,18 +125,20 @@ class AggregationRound {
   absl::StatusOr<std::shared_ptr<const Model>> Aggregate();
 
   std::shared_ptr<const Model> shared_base() const { return base_; }
-  const RoundCounters& counters() const { return counters_; }
+  // Slots from the gatherer, results from this round.
+  RoundCounters counters() const;
 
  private:
   AggregationRound(GathererOptions options, MetricComparator comparator,
                    std::shared_ptr<const Model> base,
                    std::unique_ptr<Aggregator> aggregator);
-  void SyncSlots();
 
   Gatherer gatherer_;
   std::shared_ptr<const Model> base_;
   std::unique_ptr<Aggregator> aggregator_;
-  RoundCounters counters_;
+  // Results in the aggregate, and refused.
+  uint64_t accepted_ = 0;
+  uint64_t rejected_ = 0;
 };
 
 }  // namespace swarm

@@ -327,7 +327,7 @@ void FakeNetwork::OpenStream(Stream& stream, SwarmController* target) {
   }
 }
 
-void FakeNetwork::FinishStream(Stream& stream, SwarmController* target) {
+void FakeNetwork::FinishStream(Stream& stream) {
   if (!Reachable(*stream.record)) {
     // The connection broke mid-stream: the target's read fails.
     const absl::Status broken = absl::UnavailableError(
@@ -401,7 +401,7 @@ absl::StatusOr<v1::Reply> FakeNetwork::StreamCall(
     Stream again;
     prepare(again);
     OpenStream(again, target);
-    if (!again.reply.has_value()) FinishStream(again, target);
+    if (!again.reply.has_value()) FinishStream(again);
   };
   At(record.start + plan.latency, [&] {
     if (!Reachable(record)) {
@@ -419,7 +419,7 @@ absl::StatusOr<v1::Reply> FakeNetwork::StreamCall(
       return;
     }
     At(Now() + plan.transfer, [&] {
-      FinishStream(stream, target);
+      FinishStream(stream);
       duplicate();
     });
   });

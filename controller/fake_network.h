@@ -214,7 +214,7 @@ class FakeNetwork {
   // them: the header (AdmitModel; may settle the reply already), then the
   // chunks and trailer into the admitted sink, and OnModel.
   void OpenStream(Stream& stream, SwarmController* target);
-  void FinishStream(Stream& stream, SwarmController* target);
+  void FinishStream(Stream& stream);
   absl::StatusOr<v1::SubmitPermissionReply> PermissionCall(
       const std::string& from, const v1::SiteInfo& to,
       const v1::SubmitPermissionRequest& request, absl::Duration timeout);

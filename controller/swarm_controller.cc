@@ -157,33 +157,29 @@ void SwarmController::PersistState() {
   *state.mutable_best() = record_.best;
   state.set_state(record_.state);
   state.set_updated_time_ms(absl::ToUnixMillis(runner_->Now()));
+  bool posted;
   {
     absl::MutexLock lock(&pending_state_mu_);
+    posted = pending_state_.has_value();  // A write is posted already.
     pending_state_ = std::move(state);
-    ++pending_state_seq_;
   }
   // The write (an fsync) happens on the runner, outside mu_: a slow disk
   // never holds up the site's calls.
-  runner_->Post([this] { WritePendingState(); });
+  if (!posted) runner_->Post([this] { WritePendingState(); });
 }
 
 void SwarmController::WritePendingState() {
-  // Writers take write_mu_ alone, in turn; the snapshot is taken under
-  // pending_state_mu_ alone. Each snapshot is the whole state, so writing
-  // only the newest loses nothing, and its sequence number keeps an older
-  // snapshot from overwriting a newer one.
+  // Each snapshot is the whole state, so writing only the newest loses
+  // nothing. The snapshot is taken with write_mu_ held, so writes happen in
+  // the order the snapshots were taken.
   absl::MutexLock write(&write_mu_);
   v1::JobState state;
-  uint64_t seq;
   {
     absl::MutexLock lock(&pending_state_mu_);
     if (!pending_state_.has_value()) return;
     state = std::move(*pending_state_);
     pending_state_.reset();
-    seq = pending_state_seq_;
   }
-  if (seq <= written_state_seq_) return;
-  written_state_seq_ = seq;
   absl::Status saved = store_->SaveState(state);
   if (!saved.ok()) {
     absl::MutexLock lock(&mu_);
@@ -298,7 +294,6 @@ v1::Reply SwarmController::Configure(const v1::ConfigureRequest& request) {
   metrics_.clear();
   last_error_.clear();
   last_error_time_ = absl::InfinitePast();
-  round_ = job.start_round();
   job_ = std::make_shared<const JobView>(std::move(job));
   record_ = SiteRecord();
   record_.self = options_.site;
@@ -378,7 +373,8 @@ v1::StatusReply SwarmController::Status() const {
   status->set_state(record_.state);
   status->mutable_role()->set_aggregator(record_.round_aggregator ==
                                          options_.site);
-  status->set_round(round_);
+  status->set_round(record_.last_task_round.value_or(
+      job_ != nullptr ? job_->first_round() : 0));
   status->set_aggregator(record_.round_aggregator);
   *status->mutable_best() = record_.best;
   *status->mutable_counters() = Counters();

@@ -268,7 +268,6 @@ class SwarmController {
   // This site's own record of the job: state, the tasks it accepted, the best
   // record, the final models it stored (what Admission judges by).
   SiteRecord record_ ABSL_GUARDED_BY(mu_);
-  uint32_t round_ ABSL_GUARDED_BY(mu_) = 0;
   // The global model this site scored best as an aggregator (it is the
   // holder of record_.best when record_.best.site() is this site).
   std::shared_ptr<const Model> best_model_ ABSL_GUARDED_BY(mu_);
@@ -297,10 +296,8 @@ class SwarmController {
   // The state file's writes, outside mu_ (WritePendingState). Lock order:
   // write_mu_, then mu_, then pending_state_mu_.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(pending_state_mu_, mu_);
-  uint64_t written_state_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
   absl::Mutex pending_state_mu_;
   std::optional<v1::JobState> pending_state_ ABSL_GUARDED_BY(pending_state_mu_);
-  uint64_t pending_state_seq_ ABSL_GUARDED_BY(pending_state_mu_) = 0;
 
   absl::Mutex jitter_mu_;
   std::minstd_rand jitter_ ABSL_GUARDED_BY(jitter_mu_);

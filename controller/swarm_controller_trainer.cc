@@ -257,7 +257,6 @@ v1::Reply SwarmController::AcceptLearnTask(const v1::ModelHeader& header,
   const bool train = IsTrainer(options_.site);
   record_.started = true;
   record_.last_task_round = header.round();
-  round_ = header.round();
   record_.round_aggregator = header.aggregator();
   record_.best = header.best();
   current_global_ = model;
