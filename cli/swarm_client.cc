@@ -27,7 +27,7 @@
 #include "rpc/peer_client.h"
 #include "rpc/peer_service.h"
 #include "config/site_config.h"
-#include "controller/swarm_controller.h"
+#include "controller/site_driver.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
 #include "persist/workspace.h"
@@ -168,11 +168,11 @@ int Run(int argc, char** argv) {
 
   auto runner = std::make_unique<ThreadPoolRunner>(threads);
   PeerChannels channels(channel_credentials);
-  GrpcPeerTransport transport(&channels);
-  ControllerOptions options;
+  GrpcPeerTransport transport(&channels, runner.get());
+  DriverOptions options;
   options.site = config->name();
-  SwarmController controller(options, &transport, learner.get(), &store,
-                             runner.get());
+  SiteDriver controller(options, &transport, learner.get(), &store,
+                        runner.get());
   if (external != nullptr) {
     external->SetJobView([&controller] {
       const v1::SiteStatus status = controller.Status().status();

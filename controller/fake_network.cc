@@ -7,7 +7,6 @@
 #include "absl/time/clock.h"
 #include "controller/model_receiver.h"
 #include "controller/replies.h"
-#include "model/tensor_sink.h"
 #include "streaming/assembler.h"
 #include "streaming/chunker.h"
 
@@ -15,9 +14,8 @@ namespace swarm {
 namespace {
 
 // How much earlier than the caller's deadline a held RequestToSubmit
-// answers (as PeerService does), and the longest single hold.
+// answers (as PeerService does).
 constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
-constexpr absl::Duration kMaxHold = absl::Seconds(30);
 
 bool Matches(const CallMatcher& match, const CallRecord& record) {
   if (match.kind.has_value() && *match.kind != record.kind) return false;
@@ -27,32 +25,17 @@ bool Matches(const CallMatcher& match, const CallRecord& record) {
   return true;
 }
 
-std::string OutcomeText(v1::Outcome outcome) {
-  return outcome == v1::OUTCOME_OK ? "OK" : v1::Outcome_Name(outcome);
-}
-
 std::string Describe(const CallRecord& record) {
   return absl::StrCat(CallKindName(record.kind), " from ", record.from, " to ",
                       record.to);
 }
 
-}  // namespace
-
-absl::string_view CallKindName(CallKind kind) {
-  switch (kind) {
-    case CallKind::kLearnTask:
-      return "LearnTask";
-    case CallKind::kRequestToSubmit:
-      return "RequestToSubmit";
-    case CallKind::kSubmitResult:
-      return "SubmitResult";
-    case CallKind::kShareBest:
-      return "ShareBest";
-    case CallKind::kFinalResult:
-      return "FinalResult";
-  }
-  return "?";
+absl::Status Unavailable(const CallRecord& record, absl::string_view why) {
+  return absl::UnavailableError(
+      absl::StrCat("fake network: ", Describe(record), ": ", why));
 }
+
+}  // namespace
 
 absl::string_view FaultName(Fault fault) {
   switch (fault) {
@@ -68,41 +51,25 @@ absl::string_view FaultName(Fault fault) {
   return "?";
 }
 
+// One call on its way: the message, what the network does to it, and the
+// caller's `done`.
+struct FakeNetwork::Call {
+  CallRecord record;
+  PeerMessage message;
+  PeerTransport::Done done;
+  std::optional<Fault> fault;
+  absl::Duration latency = absl::ZeroDuration();
+  absl::Duration transfer = absl::ZeroDuration();
+  SiteDriver* target = nullptr;
+};
+
 // The PeerTransport of one site: every call names that site as its sender.
 class FakeNetwork::SiteTransport final : public PeerTransport {
  public:
   SiteTransport(FakeNetwork* network, std::string site)
       : network_(network), site_(std::move(site)) {}
-
-  absl::StatusOr<v1::Reply> SendLearnTask(const v1::SiteInfo& to,
-                                          const v1::ModelHeader& header,
-                                          std::shared_ptr<const Model> model,
-                                          absl::Duration) override {
-    return network_->StreamCall(CallKind::kLearnTask, site_, to, header,
-                                std::move(model));
-  }
-  absl::StatusOr<v1::SubmitPermissionReply> RequestToSubmit(
-      const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
-      absl::Duration timeout) override {
-    return network_->PermissionCall(site_, to, request, timeout);
-  }
-  absl::StatusOr<v1::Reply> SubmitResult(
-      const v1::SiteInfo& to, const v1::ModelHeader& header,
-      std::shared_ptr<const Model> model) override {
-    return network_->StreamCall(CallKind::kSubmitResult, site_, to, header,
-                                std::move(model));
-  }
-  absl::StatusOr<v1::Reply> ShareBest(const v1::SiteInfo& to,
-                                      const v1::ShareBestRequest& request,
-                                      absl::Duration) override {
-    return network_->ShareBestCall(site_, to, request);
-  }
-  absl::StatusOr<v1::Reply> SendFinalResult(const v1::SiteInfo& to,
-                                            const v1::ModelHeader& header,
-                                            std::shared_ptr<const Model> model,
-                                            absl::Duration) override {
-    return network_->StreamCall(CallKind::kFinalResult, site_, to, header,
-                                std::move(model));
+  void Send(const v1::SiteInfo& to, PeerMessage message, Done done) override {
+    network_->Send(site_, to, std::move(message), std::move(done));
   }
 
  private:
@@ -111,16 +78,18 @@ class FakeNetwork::SiteTransport final : public PeerTransport {
 };
 
 FakeNetwork::FakeNetwork(ManualRunner* runner)
-    : manual_(runner), hold_retries_(false) {}
+    : manual_(runner), hold_retries_(true) {}
 
-FakeNetwork::FakeNetwork() : manual_(nullptr), hold_retries_(true) {}
+FakeNetwork::FakeNetwork()
+    : manual_(nullptr),
+      pool_(std::make_unique<ThreadPoolRunner>(4)),
+      hold_retries_(true) {}
 
 FakeNetwork::~FakeNetwork() = default;
 
-void FakeNetwork::AddSite(const std::string& name,
-                          SwarmController* controller) {
+void FakeNetwork::AddSite(const std::string& name, SiteDriver* site) {
   absl::MutexLock lock(&mu_);
-  sites_[name] = controller;
+  sites_[name] = site;
 }
 
 PeerTransport* FakeNetwork::TransportFor(const std::string& name) {
@@ -189,67 +158,30 @@ int FakeNetwork::calls_in_flight() const {
 }
 
 void FakeNetwork::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shut_down_ = true;
-  auto idle = [this]()
-                  ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-  mu_.Await(absl::Condition(&idle));
+  std::unique_ptr<ThreadPoolRunner> pool;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return in_flight_ == 0;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30));
+    pool = std::move(pool_);
+  }
+  pool.reset();  // Runs no further delivery; joins the threads.
 }
 
 absl::Time FakeNetwork::Now() const {
   return manual_ != nullptr ? manual_->Now() : absl::Now();
 }
 
-FakeNetwork::Plan FakeNetwork::Begin(CallRecord& record) {
-  std::function<void(const CallRecord&)> observer;
-  {
-    absl::MutexLock lock(&mu_);
-    ++in_flight_;
-    record.start = Now();
-    observer = observer_;
+void FakeNetwork::At(absl::Time when, std::function<void()> step) {
+  if (manual_ != nullptr) {
+    manual_->PostAt(when, std::move(step));
+    return;
   }
-  if (observer) observer(record);
-  Plan plan;
   absl::MutexLock lock(&mu_);
-  if (shut_down_) {
-    plan.fault_name = "shut_down";
-    plan.fault = Fault::kDrop;
-    return plan;
-  }
-  if (isolated_.count(record.from) > 0 || isolated_.count(record.to) > 0) {
-    plan.fault_name = "isolated";
-    plan.fault = Fault::kDrop;
-    return plan;
-  }
-  for (FaultRule& rule : faults_) {
-    if (rule.remaining == 0 || !Matches(rule.match, record)) continue;
-    if (rule.remaining > 0) --rule.remaining;
-    plan.fault = rule.fault;
-    plan.fault_name = std::string(FaultName(rule.fault));
-    break;
-  }
-  for (const DelayRule& rule : delays_) {
-    if (!Matches(rule.match, record)) continue;
-    plan.latency = rule.latency;
-    plan.transfer = rule.transfer;
-    break;
-  }
-  return plan;
-}
-
-void FakeNetwork::End(CallRecord& record, const absl::Status& status,
-                      absl::string_view result) {
-  absl::MutexLock lock(&mu_);
-  record.end = Now();
-  record.result = status.ok() ? std::string(result) : status.ToString();
-  log_.push_back(record);
-  --in_flight_;
-}
-
-SwarmController* FakeNetwork::Target(const std::string& name) const {
-  absl::MutexLock lock(&mu_);
-  auto it = sites_.find(name);
-  return it == sites_.end() ? nullptr : it->second;
+  if (pool_ != nullptr) pool_->PostAt(when, std::move(step));
 }
 
 bool FakeNetwork::Reachable(const CallRecord& record) const {
@@ -258,328 +190,221 @@ bool FakeNetwork::Reachable(const CallRecord& record) const {
          isolated_.count(record.to) == 0;
 }
 
-void FakeNetwork::At(absl::Time when, std::function<void()> step) {
-  if (manual_ != nullptr) {
-    if (when <= manual_->Now()) {
-      step();
-    } else {
-      manual_->PostAt(when, std::move(step));
+SiteDriver* FakeNetwork::Target(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sites_.find(name);
+  return it == sites_.end() ? nullptr : it->second;
+}
+
+// ---------------------------------------------------------------------------
+// A call: send, arrive, deliver (once or twice), answer.
+
+void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,
+                       PeerMessage message, PeerTransport::Done done) {
+  auto call = std::make_shared<Call>();
+  CallRecord& record = call->record;
+  record.kind = message.kind;
+  record.from = from;
+  record.to = to.name();
+  record.round = message.round();
+  if (message.is_model_stream()) {
+    record.aggregator = message.header.aggregator();
+    record.model_kind = message.header.kind();
+    record.failed_result = message.header.failed();
+  }
+  call->message = std::move(message);
+  call->done = std::move(done);
+  call->target = Target(record.to);
+  Plan(*call);
+  if (call->fault == Fault::kDrop ||
+      (call->fault == Fault::kLoseAfterAck &&
+       record.kind == CallKind::kRequestToSubmit)) {
+    return Answer(call, Unavailable(record, record.fault));
+  }
+  if (call->target == nullptr) {
+    return Answer(call, Unavailable(record, "no such site"));
+  }
+  At(record.start + call->latency, [this, call] { Arrive(call); });
+}
+
+void FakeNetwork::Plan(Call& call) {
+  CallRecord& record = call.record;
+  std::function<void(const CallRecord&)> observer;
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+    record.start = Now();
+    observer = observer_;
+  }
+  if (observer) observer(record);
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || isolated_.count(record.from) > 0 ||
+      isolated_.count(record.to) > 0) {
+    record.fault = shut_down_ ? "shut_down" : "isolated";
+    call.fault = Fault::kDrop;
+    return;
+  }
+  for (FaultRule& rule : faults_) {
+    if (rule.remaining == 0 || !Matches(rule.match, record)) continue;
+    if (rule.remaining > 0) --rule.remaining;
+    call.fault = rule.fault;
+    record.fault = std::string(FaultName(rule.fault));
+    break;
+  }
+  for (const DelayRule& rule : delays_) {
+    if (!Matches(rule.match, record)) continue;
+    call.latency = rule.latency;
+    call.transfer = rule.transfer;
+    break;
+  }
+}
+
+void FakeNetwork::Arrive(std::shared_ptr<Call> call) {
+  if (!Reachable(call->record)) {
+    return Answer(call, Unavailable(call->record, "unreachable on arrival"));
+  }
+  if (call->fault == Fault::kLoseAfterAck) {
+    PeerReply acked;
+    acked.reply = OkReply("acknowledged (lost by the fake network)");
+    return Answer(call, std::move(acked));
+  }
+  Deliver(call, [this, call](absl::StatusOr<PeerReply> reply) {
+    // The duplicate follows the original back to back; its reply is lost.
+    if (call->fault == Fault::kDuplicate) {
+      Deliver(call, [](absl::StatusOr<PeerReply>) {});
     }
-    return;
-  }
-  // Real time: the calling worker is blocked, as on a slow link.
-  const absl::Duration left = when - absl::Now();
-  if (left > absl::ZeroDuration()) absl::SleepFor(left);
-  step();
-}
-
-void FakeNetwork::Await(const std::function<bool()>& done) {
-  if (manual_ == nullptr) return;  // Steps ran inline.
-  while (!done()) {
-    if (manual_->RunUntilIdle(1) == 0) return;
-  }
-}
-
-void FakeNetwork::WaitUntil(absl::Time until,
-                            const std::function<bool()>& done) {
-  // A marker at `until`; run the queue in time order until it ran (or
-  // `done` holds). The queue is never empty before the marker ran.
-  auto fired = std::make_shared<bool>(false);
-  manual_->PostAt(until, [fired] { *fired = true; });
-  while (!*fired && !(done && done())) {
-    if (manual_->RunUntilIdle(1) == 0) break;
-  }
-}
-
-// One model stream at its target.
-struct FakeNetwork::Stream {
-  CallRecord* record = nullptr;
-  v1::ModelHeader header;  // As the caller gave it.
-  std::shared_ptr<const Model> model;
-  uint64_t chunk_size = 0;
-  std::unique_ptr<Chunker> chunker;
-  v1::ModelHeader sent;  // With the tensor table.
-  // The target's side of the stream.
-  std::unique_ptr<ModelReceiver> receiver;
-  // Set once the target has answered (or the stream broke).
-  std::optional<absl::StatusOr<v1::Reply>> reply;
-};
-
-void FakeNetwork::OpenStream(Stream& stream, SwarmController* target) {
-  ++stream.record->deliveries;
-  absl::StatusOr<std::unique_ptr<Chunker>> chunker =
-      Chunker::Create(stream.model, stream.header, stream.chunk_size);
-  if (!chunker.ok()) {
-    stream.reply = chunker.status();
-    return;
-  }
-  stream.chunker = std::move(*chunker);
-  stream.sent = stream.chunker->header();
-  stream.receiver = std::make_unique<ModelReceiver>(target);
-  v1::ModelFrame frame;
-  *frame.mutable_header() = stream.sent;
-  absl::Status admitted =
-      stream.receiver->Begin(stream.sent, frame.ByteSizeLong());
-  if (!admitted.ok()) {
-    stream.reply = admitted;  // The service refuses the stream.
-  } else if (stream.receiver->answered()) {
-    stream.reply = stream.receiver->reply();
-  }
-}
-
-void FakeNetwork::FinishStream(Stream& stream) {
-  if (!Reachable(*stream.record)) {
-    // The connection broke mid-stream: the target's read fails.
-    const absl::Status broken = absl::UnavailableError(
-        absl::StrCat("fake network: ", Describe(*stream.record),
-                     ": connection lost mid-stream"));
-    stream.receiver->Receive([&](Assembler* assembler) {
-      assembler->Abort(broken);
-      return assembler->Finish();
-    });
-    stream.reply = broken;
-    return;
-  }
-  stream.reply = stream.receiver->Receive([&](Assembler* assembler) {
-    absl::Status fed;
-    while (fed.ok()) {
-      std::optional<ChunkRef> chunk = stream.chunker->NextChunk();
-      if (!chunk.has_value()) {
-        fed = assembler->OnTrailer(stream.chunker->Trailer());
-        break;
-      }
-      fed = assembler->OnChunk(chunk->tensor_index, chunk->offset, chunk->data);
-    }
-    return assembler->Finish();
+    Answer(call, std::move(reply));
   });
 }
 
-absl::StatusOr<v1::Reply> FakeNetwork::StreamCall(
-    CallKind kind, const std::string& from, const v1::SiteInfo& to,
-    const v1::ModelHeader& header, std::shared_ptr<const Model> model) {
-  CallRecord record;
-  record.kind = kind;
-  record.from = from;
-  record.to = to.name();
-  record.round = header.round();
-  record.aggregator = header.aggregator();
-  record.model_kind = header.kind();
-  record.failed_result = header.failed();
-  const Plan plan = Begin(record);
-  record.fault = plan.fault_name;
-  auto fail = [&](absl::Status status) {
-    End(record, status, "");
-    return status;
-  };
-  if (plan.fault == Fault::kDrop) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "fake network: ", Describe(record), ": ", plan.fault_name)));
+void FakeNetwork::Deliver(
+    std::shared_ptr<Call> call,
+    std::function<void(absl::StatusOr<PeerReply>)> answered) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++call->record.deliveries;
   }
-  SwarmController* target = Target(record.to);
-  if (target == nullptr) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("fake network: no site ", record.to)));
+  const PeerMessage& message = call->message;
+  switch (message.kind) {
+    case CallKind::kRequestToSubmit: {
+      bool hold;
+      {
+        absl::MutexLock lock(&mu_);
+        hold = hold_retries_;
+      }
+      const absl::Time until =
+          hold ? call->record.start + message.timeout - kDeadlineMargin
+               : absl::InfinitePast();
+      call->target->RequestToSubmit(
+          message.permission, until,
+          [answered = std::move(answered)](v1::SubmitPermissionReply reply) {
+            PeerReply peer;
+            peer.permission = std::move(reply);
+            answered(std::move(peer));
+          });
+      return;
+    }
+    case CallKind::kShareBest: {
+      PeerReply peer;
+      peer.reply = call->target->ShareBest(message.share_best);
+      answered(std::move(peer));
+      return;
+    }
+    default:
+      DeliverStream(std::move(call), std::move(answered));
   }
-  uint64_t chunk_size = header.chunk_size();
+}
+
+void FakeNetwork::DeliverStream(
+    std::shared_ptr<Call> call,
+    std::function<void(absl::StatusOr<PeerReply>)> answered) {
+  const PeerMessage& message = call->message;
+  uint64_t chunk_size = message.header.chunk_size();
   if (chunk_size == 0) {
     absl::MutexLock lock(&mu_);
     chunk_size = chunk_size_ != 0 ? chunk_size_ : kMinChunkSize;
   }
   // A failed result has no body: an empty model, as GrpcPeerTransport sends.
-  if (model == nullptr) model = std::make_shared<const Model>();
-  auto prepare = [&](Stream& stream) {
-    stream.record = &record;
-    stream.header = header;
-    stream.model = model;
-    stream.chunk_size = chunk_size;
+  std::shared_ptr<const Model> model =
+      message.model != nullptr ? message.model : std::make_shared<const Model>();
+  absl::StatusOr<std::unique_ptr<Chunker>> created =
+      Chunker::Create(model, message.header, chunk_size);
+  if (!created.ok()) return answered(created.status());
+  std::shared_ptr<Chunker> chunker = std::move(*created);
+  auto receiver = std::make_shared<ModelReceiver>(call->target);
+  v1::ModelFrame frame;
+  *frame.mutable_header() = chunker->header();
+  absl::Status admitted =
+      receiver->Begin(chunker->header(), frame.ByteSizeLong());
+  if (!admitted.ok()) return answered(admitted);  // The stream is refused.
+  if (receiver->answered()) {
+    PeerReply peer;
+    peer.reply = receiver->reply();
+    return answered(std::move(peer));
+  }
+  auto finished = [answered](v1::Reply reply) {
+    PeerReply peer;
+    peer.reply = std::move(reply);
+    answered(std::move(peer));
   };
-  Stream stream;
-  prepare(stream);
-  // The duplicate follows the original back to back.
-  auto duplicate = [&] {
-    if (plan.fault != Fault::kDuplicate) return;
-    Stream again;
-    prepare(again);
-    OpenStream(again, target);
-    if (!again.reply.has_value()) FinishStream(again);
-  };
-  At(record.start + plan.latency, [&] {
-    if (!Reachable(record)) {
-      stream.reply = absl::UnavailableError(absl::StrCat(
-          "fake network: ", Describe(record), ": unreachable on arrival"));
-      return;
+  // The body, after its transfer time.
+  At(Now() + call->transfer, [this, call, chunker, receiver, answered,
+                              finished] {
+    Assembler* assembler = receiver->assembler();
+    if (!Reachable(call->record)) {
+      // The connection broke mid-stream: the target's read fails.
+      const absl::Status broken =
+          Unavailable(call->record, "connection lost mid-stream");
+      if (assembler != nullptr) assembler->Abort(broken);
+      receiver->Finish(broken, [](v1::Reply) {});
+      return answered(broken);
     }
-    if (plan.fault == Fault::kLoseAfterAck) {
-      stream.reply = OkReply("acknowledged (lost by the fake network)");
-      return;
+    absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
+    if (assembler != nullptr) {
+      absl::Status fed;
+      while (fed.ok()) {
+        std::optional<ChunkRef> chunk = chunker->NextChunk();
+        if (!chunk.has_value()) {
+          fed = assembler->OnTrailer(chunker->Trailer());
+          break;
+        }
+        fed = assembler->OnChunk(chunk->tensor_index, chunk->offset,
+                                 chunk->data);
+      }
+      body = assembler->Finish();
     }
-    OpenStream(stream, target);
-    if (stream.reply.has_value()) {
-      duplicate();
-      return;
-    }
-    At(Now() + plan.transfer, [&] {
-      FinishStream(stream);
-      duplicate();
-    });
+    receiver->Finish(std::move(body), finished);
   });
-  Await([&] { return stream.reply.has_value(); });
-  if (!stream.reply.has_value()) {
-    return fail(absl::InternalError("fake network: delivery never ran"));
-  }
-  if (plan.fault == Fault::kDropReply) {
-    return fail(absl::DeadlineExceededError(absl::StrCat(
-        "fake network: ", Describe(record), ": the reply was lost")));
-  }
-  const absl::StatusOr<v1::Reply>& reply = *stream.reply;
-  if (!reply.ok()) return fail(reply.status());
-  End(record, absl::OkStatus(), OutcomeText(reply->outcome()));
-  return *reply;
 }
 
-absl::StatusOr<v1::SubmitPermissionReply> FakeNetwork::PermissionCall(
-    const std::string& from, const v1::SiteInfo& to,
-    const v1::SubmitPermissionRequest& request, absl::Duration timeout) {
-  CallRecord record;
-  record.kind = CallKind::kRequestToSubmit;
-  record.from = from;
-  record.to = to.name();
-  record.round = request.round();
-  const Plan plan = Begin(record);
-  record.fault = plan.fault_name;
-  auto fail = [&](absl::Status status) {
-    End(record, status, "");
-    return status;
-  };
-  if (plan.fault == Fault::kDrop || plan.fault == Fault::kLoseAfterAck) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "fake network: ", Describe(record), ": ", plan.fault_name)));
+void FakeNetwork::Answer(std::shared_ptr<Call> call,
+                         absl::StatusOr<PeerReply> reply) {
+  CallRecord& record = call->record;
+  if (reply.ok() && call->fault == Fault::kDropReply) {
+    reply = absl::DeadlineExceededError(absl::StrCat(
+        "fake network: ", Describe(record), ": the reply was lost"));
   }
-  SwarmController* target = Target(record.to);
-  if (target == nullptr) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("fake network: no site ", record.to)));
+  if (reply.ok() && record.kind == CallKind::kRequestToSubmit &&
+      !Reachable(record)) {
+    reply = Unavailable(record, "connection lost");  // While it was held.
   }
-  std::optional<absl::StatusOr<v1::SubmitPermissionReply>> reply;
-  At(record.start + plan.latency, [&] {
-    if (!Reachable(record)) {
-      reply = absl::UnavailableError(absl::StrCat(
-          "fake network: ", Describe(record), ": unreachable on arrival"));
-      return;
-    }
-    ++record.deliveries;
-    v1::SubmitPermissionReply answer =
-        DeliverPermission(target, request, record.start + timeout);
-    if (plan.fault == Fault::kDuplicate) {
-      ++record.deliveries;
-      target->RequestToSubmit(request);
-    }
-    reply = std::move(answer);
-  });
-  Await([&] { return reply.has_value(); });
-  if (!reply.has_value()) {
-    return fail(absl::InternalError("fake network: delivery never ran"));
-  }
-  if (plan.fault == Fault::kDropReply) {
-    return fail(absl::DeadlineExceededError(absl::StrCat(
-        "fake network: ", Describe(record), ": the reply was lost")));
-  }
-  if (!reply->ok()) return fail(reply->status());
-  if (!Reachable(record)) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("fake network: ", Describe(record), ": connection lost")));
-  }
-  End(record, absl::OkStatus(), OutcomeText((*reply)->outcome()));
-  return **reply;
-}
-
-v1::SubmitPermissionReply FakeNetwork::DeliverPermission(
-    SwarmController* target, const v1::SubmitPermissionRequest& request,
-    absl::Time call_deadline) {
-  bool hold;
   {
     absl::MutexLock lock(&mu_);
-    hold = hold_retries_;
-  }
-  const absl::Time deadline = call_deadline - kDeadlineMargin;
-  bool waited = false;
-  v1::SubmitPermissionReply reply;
-  while (true) {
-    const uint64_t version = target->permission_version();
-    reply = target->RequestToSubmit(request);
-    if (!hold || reply.outcome() != v1::OUTCOME_RETRY || Now() >= deadline) {
-      break;
-    }
-    const absl::Time until = std::min(deadline, Now() + kMaxHold);
-    if (manual_ != nullptr) {
-      WaitUntil(until, [target, version] {
-        return target->permission_version() != version;
-      });
+    record.end = Now();
+    if (!reply.ok()) {
+      record.result = reply.status().ToString();
     } else {
-      target->WaitForPermissionChange(version, until);
+      const v1::Outcome outcome = reply->outcome(record.kind);
+      record.result =
+          outcome == v1::OUTCOME_OK ? "OK" : v1::Outcome_Name(outcome);
     }
-    waited = true;
+    log_.push_back(record);
+    --in_flight_;
   }
-  // Held as long as allowed: the caller may ask again at once.
-  if (waited && reply.outcome() == v1::OUTCOME_RETRY) {
-    reply.set_retry_after_ms(0);
-  }
-  return reply;
-}
-
-absl::StatusOr<v1::Reply> FakeNetwork::ShareBestCall(
-    const std::string& from, const v1::SiteInfo& to,
-    const v1::ShareBestRequest& request) {
-  CallRecord record;
-  record.kind = CallKind::kShareBest;
-  record.from = from;
-  record.to = to.name();
-  record.round = request.best().round();
-  const Plan plan = Begin(record);
-  record.fault = plan.fault_name;
-  auto fail = [&](absl::Status status) {
-    End(record, status, "");
-    return status;
-  };
-  if (plan.fault == Fault::kDrop) {
-    return fail(absl::UnavailableError(absl::StrCat(
-        "fake network: ", Describe(record), ": ", plan.fault_name)));
-  }
-  SwarmController* target = Target(record.to);
-  if (target == nullptr) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("fake network: no site ", record.to)));
-  }
-  std::optional<absl::StatusOr<v1::Reply>> reply;
-  At(record.start + plan.latency, [&] {
-    if (!Reachable(record)) {
-      reply = absl::UnavailableError(absl::StrCat(
-          "fake network: ", Describe(record), ": unreachable on arrival"));
-      return;
-    }
-    if (plan.fault == Fault::kLoseAfterAck) {
-      reply = OkReply("acknowledged (lost by the fake network)");
-      return;
-    }
-    ++record.deliveries;
-    v1::Reply answer = target->ShareBest(request);
-    if (plan.fault == Fault::kDuplicate) {
-      ++record.deliveries;
-      target->ShareBest(request);
-    }
-    reply = std::move(answer);
+  // Replies travel back at once, but never inside the caller's Send.
+  At(Now(), [call, reply = std::move(reply)]() mutable {
+    call->done(std::move(reply));
   });
-  Await([&] { return reply.has_value(); });
-  if (!reply.has_value()) {
-    return fail(absl::InternalError("fake network: delivery never ran"));
-  }
-  if (plan.fault == Fault::kDropReply) {
-    return fail(absl::DeadlineExceededError(absl::StrCat(
-        "fake network: ", Describe(record), ": the reply was lost")));
-  }
-  if (!reply->ok()) return fail(reply->status());
-  End(record, absl::OkStatus(), OutcomeText((*reply)->outcome()));
-  return **reply;
 }
 
 }  // namespace swarm

@@ -24,17 +24,24 @@ absl::Status ModelReceiver::Begin(const v1::ModelHeader& header,
   return absl::OkStatus();
 }
 
-v1::Reply ModelReceiver::Receive(
-    absl::FunctionRef<absl::StatusOr<Model>(Assembler*)> read_body) {
-  absl::StatusOr<Model> model = header_error_.ok()
-                                    ? read_body(assembler_.get())
-                                    : absl::StatusOr<Model>(header_error_);
+absl::StatusOr<Model> ModelReceiver::Checked(absl::StatusOr<Model> model) {
+  if (!header_error_.ok()) model = header_error_;
   if (!model.ok()) {
     SWARM_LOG_WARNING("bad %s stream from %s: %s",
                       v1::ModelKind_Name(header_.kind()), header_.sender(),
                       model.status().message());
   }
-  return site_->OnModel(header_, std::move(model));
+  return model;
+}
+
+void ModelReceiver::Finish(absl::StatusOr<Model> model,
+                           SiteDriver::ReplyDone done) {
+  site_->OnModel(header_, Checked(std::move(model)), std::move(done));
+}
+
+v1::Reply ModelReceiver::FinishAndWait(absl::StatusOr<Model> model,
+                                       absl::Time deadline) {
+  return site_->OnModelAndWait(header_, Checked(std::move(model)), deadline);
 }
 
 }  // namespace swarm

@@ -8,20 +8,22 @@
 //   absl::Status admitted = receiver.Begin(header, header_frame_bytes);
 //   if (!admitted.ok()) -> refuse the stream with `admitted`
 //   if (receiver.answered()) -> reply receiver.reply(), read no body
-//   reply receiver.Receive([&](Assembler* a) { feed a; return a->Finish(); })
+//   feed the body's frames to receiver.assembler(), then
+//   receiver.Finish(assembler->Finish(), done)   // or FinishAndWait
 //
 // Not thread-safe: one stream, one thread at a time.
 #ifndef SWARM_CONTROLLER_MODEL_RECEIVER_H_
 #define SWARM_CONTROLLER_MODEL_RECEIVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "controller/swarm_controller.h"
+#include "absl/time/time.h"
+#include "controller/site_driver.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
 #include "proto/swarm.pb.h"
@@ -31,15 +33,15 @@ namespace swarm {
 
 class ModelReceiver {
  public:
-  // REQUIRES: `site` outlives the receiver.
-  explicit ModelReceiver(SwarmController* site) : site_(site) {}
+  // REQUIRES: `site` outlives the receiver and its Finish's `done`.
+  explicit ModelReceiver(SiteDriver* site) : site_(site) {}
   ModelReceiver(const ModelReceiver&) = delete;
   ModelReceiver& operator=(const ModelReceiver&) = delete;
 
   // The stream's header frame (`header_frame_bytes`: its encoded size, for
   // the header limit). Not OK: the site refused the stream (say so to the
-  // sender as the call's status) or the header is malformed. OK: either
-  // answered() (no body to read), or the assembler waits for the body.
+  // sender as the call's status). OK: either answered() (no body to read),
+  // or assembler() waits for the body.
   absl::Status Begin(const v1::ModelHeader& header,
                      uint64_t header_frame_bytes);
 
@@ -48,16 +50,22 @@ class ModelReceiver {
   bool answered() const { return early_reply_.has_value(); }
   const v1::Reply& reply() const { return *early_reply_; }
 
-  // Receives the body with `read_body` (which feeds the frames to the
-  // assembler it is given and returns its Finish(); on a broken stream it
-  // aborts the assembler first), unless the header already failed, and hands
-  // the model, or why it failed, to the site. Returns the site's reply.
+  // Where the body's frames go; null when the header itself was malformed
+  // (then call Finish with any status: the header's error wins).
+  // REQUIRES: Begin returned OK and !answered().
+  Assembler* assembler() { return header_error_.ok() ? assembler_.get() : nullptr; }
+
+  // Hands the assembled model (`model`: the assembler's Finish(), or why
+  // the stream broke) to the site; `done` gets its reply, now or later.
   // REQUIRES: Begin returned OK and !answered(); call once.
-  v1::Reply Receive(
-      absl::FunctionRef<absl::StatusOr<Model>(Assembler*)> read_body);
+  void Finish(absl::StatusOr<Model> model, SiteDriver::ReplyDone done);
+  // The same, waiting for the reply until `deadline`.
+  v1::Reply FinishAndWait(absl::StatusOr<Model> model, absl::Time deadline);
 
  private:
-  SwarmController* const site_;
+  absl::StatusOr<Model> Checked(absl::StatusOr<Model> model);
+
+  SiteDriver* const site_;
   v1::ModelHeader header_;
   std::optional<v1::Reply> early_reply_;
   std::unique_ptr<TensorSink> sink_;

@@ -1,4 +1,4 @@
-// Simulations of whole jobs (issue 4, item 6): the same SwarmController the
+// Simulations of whole jobs (issue 4, item 6): the same SiteDriver the
 // daemon runs, one per site, over the in-process FakeNetwork, in virtual time
 // (one ManualRunner for the whole swarm: deterministic and fast), plus
 // Threaded* tests with a real thread pool per site, for ThreadSanitizer.
@@ -9,7 +9,7 @@
 // two; then every sum, product and the final scaling by 1 / W are exact in
 // F32/F64, and a round's global model must equal the weighted average
 // computed here bit for bit.
-#include "controller/swarm_controller.h"
+#include "controller/site_driver.h"
 
 #include <algorithm>
 #include <cmath>
@@ -199,11 +199,11 @@ class Sim {
         site->pool = std::make_unique<ThreadPoolRunner>(4);
         runner = site->pool.get();
       }
-      ControllerOptions controller_options;
+      DriverOptions controller_options;
       controller_options.site = site->name;
       controller_options.retry.attempts = config_.call_attempts;
       controller_options.jitter_seed = static_cast<uint64_t>(i) + 1;
-      site->controller = std::make_unique<SwarmController>(
+      site->controller = std::make_unique<SiteDriver>(
           controller_options, network_->TransportFor(site->name),
           site->learner.get(), &site->store, runner);
       network_->AddSite(site->name, site->controller.get());
@@ -227,7 +227,7 @@ class Sim {
     ADD_FAILURE() << "no site " << name;
     return 0;
   }
-  SwarmController& controller(int i) { return *sites_[i]->controller; }
+  SiteDriver& controller(int i) { return *sites_[i]->controller; }
   RecordingLearner& learner(int i) { return *sites_[i]->learner; }
   MemoryModelStore& store(int i) { return sites_[i]->store; }
   FakeNetwork& network() { return *network_; }
@@ -332,7 +332,7 @@ class Sim {
     std::unique_ptr<RecordingLearner> learner;
     MemoryModelStore store;
     std::unique_ptr<ThreadPoolRunner> pool;
-    std::unique_ptr<SwarmController> controller;
+    std::unique_ptr<SiteDriver> controller;
   };
 
   SimConfig config_;

@@ -42,8 +42,9 @@ std::shared_ptr<grpc::Channel> PeerChannels::Get(const std::string& address) {
 }
 
 GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels,
+                                     TaskRunner* runner,
                                      absl::Duration unary_timeout)
-    : channels_(channels), unary_timeout_(unary_timeout) {}
+    : channels_(channels), runner_(runner), unary_timeout_(unary_timeout) {}
 
 absl::StatusOr<v1::Reply> GrpcPeerTransport::StreamModel(
     const v1::SiteInfo& to, absl::string_view method,
@@ -74,48 +75,56 @@ void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
   }
 }
 
-absl::StatusOr<v1::Reply> GrpcPeerTransport::SendLearnTask(
-    const v1::SiteInfo& to, const v1::ModelHeader& header,
-    std::shared_ptr<const Model> model, absl::Duration timeout) {
-  return StreamModel(to, "LearnTask", header, std::move(model), timeout);
-}
-
-absl::StatusOr<v1::SubmitPermissionReply> GrpcPeerTransport::RequestToSubmit(
-    const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
-    absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout);
-  v1::SubmitPermissionReply reply;
-  grpc::Status status = v1::Peer::NewStub(channels_->Get(to.address()))
-                            ->RequestToSubmit(&context, request, &reply);
-  if (!status.ok())
-    return PeerError(to, "RequestToSubmit", ToAbslStatus(status));
-  return reply;
-}
-
-absl::StatusOr<v1::Reply> GrpcPeerTransport::SubmitResult(
-    const v1::SiteInfo& to, const v1::ModelHeader& header,
-    std::shared_ptr<const Model> model) {
-  return StreamModel(to, "SubmitResult", header, std::move(model),
-                     unary_timeout_);
-}
-
-absl::StatusOr<v1::Reply> GrpcPeerTransport::ShareBest(
-    const v1::SiteInfo& to, const v1::ShareBestRequest& request,
-    absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout);
-  v1::Reply reply;
-  grpc::Status status = v1::Peer::NewStub(channels_->Get(to.address()))
-                            ->ShareBest(&context, request, &reply);
-  if (!status.ok()) return PeerError(to, "ShareBest", ToAbslStatus(status));
-  return reply;
-}
-
-absl::StatusOr<v1::Reply> GrpcPeerTransport::SendFinalResult(
-    const v1::SiteInfo& to, const v1::ModelHeader& header,
-    std::shared_ptr<const Model> model, absl::Duration timeout) {
-  return StreamModel(to, "FinalResult", header, std::move(model), timeout);
+void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
+                             Done done) {
+  const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
+  if (message.is_model_stream()) {
+    runner_->Post([this, to, message = std::move(message), timeout,
+                   done = std::move(done)] {
+      const char* method = message.kind == CallKind::kLearnTask
+                               ? "LearnTask"
+                               : message.kind == CallKind::kSubmitResult
+                                     ? "SubmitResult"
+                                     : "FinalResult";
+      absl::StatusOr<v1::Reply> reply =
+          StreamModel(to, method, message.header, message.model, timeout);
+      if (!reply.ok()) return done(reply.status());
+      PeerReply peer;
+      peer.reply = std::move(*reply);
+      done(std::move(peer));
+    });
+    return;
+  }
+  // A small call on the callback API: the state lives until it ends.
+  struct Unary {
+    grpc::ClientContext context;
+    v1::SubmitPermissionRequest permission;
+    v1::ShareBestRequest share_best;
+    PeerReply reply;
+  };
+  auto call = std::make_shared<Unary>();
+  SetDeadline(&call->context, timeout);
+  std::unique_ptr<v1::Peer::Stub> stub =
+      v1::Peer::NewStub(channels_->Get(to.address()));
+  const bool permission = message.kind == CallKind::kRequestToSubmit;
+  auto finished = [call, to, permission,
+                   done = std::move(done)](grpc::Status status) {
+    if (!status.ok()) {
+      return done(PeerError(to, permission ? "RequestToSubmit" : "ShareBest",
+                            ToAbslStatus(status)));
+    }
+    done(std::move(call->reply));
+  };
+  if (permission) {
+    call->permission = std::move(message.permission);
+    stub->async()->RequestToSubmit(&call->context, &call->permission,
+                                   &call->reply.permission,
+                                   std::move(finished));
+  } else {
+    call->share_best = std::move(message.share_best);
+    stub->async()->ShareBest(&call->context, &call->share_best,
+                             &call->reply.reply, std::move(finished));
+  }
 }
 
 }  // namespace swarm

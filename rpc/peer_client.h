@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/peer_transport.h"
+#include "controller/task_runner.h"
 #include "proto/swarm.grpc.pb.h"
 #include "streaming/assembler.h"
 
@@ -38,30 +39,16 @@ class PeerChannels {
 
 class GrpcPeerTransport final : public PeerTransport {
  public:
-  // `unary_timeout`: deadline of the small control calls.
-  explicit GrpcPeerTransport(PeerChannels* channels,
-                             absl::Duration unary_timeout = absl::Seconds(10));
+  // `runner` runs the model streams (each holds a worker while it sends);
+  // the small calls go through gRPC's callback API and hold no thread.
+  // `unary_timeout`: the least deadline of any call.
+  GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
+                    absl::Duration unary_timeout = absl::Seconds(10));
   GrpcPeerTransport(const GrpcPeerTransport&) = delete;
   GrpcPeerTransport& operator=(const GrpcPeerTransport&) = delete;
 
   void PrepareForJob(const v1::JobConfig& job) override;
-  absl::StatusOr<v1::Reply> SendLearnTask(const v1::SiteInfo& to,
-                                          const v1::ModelHeader& header,
-                                          std::shared_ptr<const Model> model,
-                                          absl::Duration timeout) override;
-  absl::StatusOr<v1::SubmitPermissionReply> RequestToSubmit(
-      const v1::SiteInfo& to, const v1::SubmitPermissionRequest& request,
-      absl::Duration timeout) override;
-  absl::StatusOr<v1::Reply> SubmitResult(
-      const v1::SiteInfo& to, const v1::ModelHeader& header,
-      std::shared_ptr<const Model> model) override;
-  absl::StatusOr<v1::Reply> ShareBest(const v1::SiteInfo& to,
-                                      const v1::ShareBestRequest& request,
-                                      absl::Duration timeout) override;
-  absl::StatusOr<v1::Reply> SendFinalResult(const v1::SiteInfo& to,
-                                            const v1::ModelHeader& header,
-                                            std::shared_ptr<const Model> model,
-                                            absl::Duration timeout) override;
+  void Send(const v1::SiteInfo& to, PeerMessage message, Done done) override;
 
  private:
   absl::StatusOr<v1::Reply> StreamModel(const v1::SiteInfo& to,
@@ -71,6 +58,7 @@ class GrpcPeerTransport final : public PeerTransport {
                                         absl::Duration timeout);
 
   PeerChannels* const channels_;
+  TaskRunner* const runner_;
   const absl::Duration unary_timeout_;
 };
 

@@ -189,7 +189,7 @@ void PeerService::ReleaseSlot(const std::string& peer) {
 
 PeerService::~PeerService() = default;
 
-PeerService::PeerService(SwarmController* controller,
+PeerService::PeerService(SiteDriver* controller,
                          PeerServiceOptions options)
     : controller_(controller),
       options_(std::move(options)),
@@ -306,9 +306,12 @@ grpc::Status PeerService::ReceiveModel(
     *reply = receiver.reply();
     return grpc::Status::OK;
   }
-  *reply = receiver.Receive([reader](Assembler* assembler) {
-    return ReceiveModelStream(reader, assembler);
-  });
+  absl::StatusOr<Model> model =
+      receiver.assembler() != nullptr
+          ? ReceiveModelStream(reader, receiver.assembler())
+          : absl::StatusOr<Model>(absl::InvalidArgumentError("bad header"));
+  *reply = receiver.FinishAndWait(std::move(model),
+                                  CallDeadline(context) - kDeadlineMargin);
   return grpc::Status::OK;
 }
 
@@ -388,6 +391,76 @@ class PeerService::HeldCall final : public grpc::ServerUnaryReactor {
   const std::function<grpc::Status()> status_;
 };
 
+// A permission request as a reactor: the site answers it at once, or holds
+// a RETRY until a slot frees or the round opens (up to the caller's
+// deadline); the reactor is finished by that answer. No thread waits.
+class PeerService::PermissionCall final : public grpc::ServerUnaryReactor {
+ public:
+  PermissionCall(SiteDriver* site, std::unique_ptr<CallSlot> slot,
+                 v1::SubmitPermissionReply* reply)
+      : site_(site), shared_(std::make_shared<Shared>()) {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->call = this;
+    shared_->slot = std::move(slot);
+    shared_->reply = reply;
+  }
+
+  void Start(const v1::SubmitPermissionRequest& request, absl::Time hold) {
+    // The answer may finish (and delete) this reactor before
+    // RequestToSubmit returns: only the shared part is touched after it.
+    std::shared_ptr<Shared> shared = shared_;
+    const RequestId id = site_->RequestToSubmit(
+        request, hold, [shared](v1::SubmitPermissionReply answer) {
+          Answer(shared, std::move(answer));
+        });
+    absl::MutexLock lock(&shared->mu);
+    shared->request = id;
+  }
+
+  void OnCancel() override {
+    RequestId request = 0;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (shared_->call == nullptr) return;  // Answered already.
+      shared_->call = nullptr;
+      shared_->slot.reset();
+      request = shared_->request;
+    }
+    if (request != 0) site_->CancelRequest(request);
+    Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // What the site's answer finds: the call, until it finishes.
+  struct Shared {
+    absl::Mutex mu;
+    PermissionCall* call ABSL_GUARDED_BY(mu) = nullptr;
+    std::unique_ptr<CallSlot> slot ABSL_GUARDED_BY(mu);
+    v1::SubmitPermissionReply* reply ABSL_GUARDED_BY(mu) = nullptr;
+    RequestId request ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  static void Answer(const std::shared_ptr<Shared>& shared,
+                     v1::SubmitPermissionReply answer) {
+    PermissionCall* finishing = nullptr;
+    {
+      absl::MutexLock lock(&shared->mu);
+      if (shared->call == nullptr) return;  // Cancelled.
+      *shared->reply = std::move(answer);
+      finishing = shared->call;
+      shared->call = nullptr;
+      shared->slot.reset();
+    }
+    // Outside the lock: the reactor may be deleted (OnDone) from here on.
+    finishing->Finish(grpc::Status::OK);
+  }
+
+  SiteDriver* const site_;
+  const std::shared_ptr<Shared> shared_;
+};
+
 grpc::ServerUnaryReactor* PeerService::RequestToSubmit(
     grpc::CallbackServerContext* context,
     const v1::SubmitPermissionRequest* request,
@@ -400,30 +473,8 @@ grpc::ServerUnaryReactor* PeerService::RequestToSubmit(
     reactor->Finish(allowed);
     return reactor;
   }
-  // Hold a RETRY until a slot frees or the round opens (or the caller's
-  // deadline is near), so no trainer sleeps while a slot is free.
-  struct Asked {
-    uint64_t version = 0;
-    bool waited = false;
-  };
-  auto asked = std::make_shared<Asked>();
-  auto* call = new HeldCall(
-      std::move(slot), CallDeadline(context) - kDeadlineMargin,
-      [this, request, reply, asked](bool last) {
-        asked->version = controller_->permission_version();
-        *reply = controller_->RequestToSubmit(*request);
-        if (reply->outcome() != v1::OUTCOME_RETRY) return true;
-        // Held as long as allowed: the trainer asks again at once.
-        if (last && asked->waited) reply->set_retry_after_ms(0);
-        asked->waited = true;
-        return false;
-      },
-      [this, asked](absl::Time until, std::function<void()> wake) {
-        controller_->WhenPermissionChanges(asked->version, until,
-                                           std::move(wake));
-      },
-      [] { return grpc::Status::OK; });
-  call->Start();
+  auto* call = new PermissionCall(controller_, std::move(slot), reply);
+  call->Start(*request, CallDeadline(context) - kDeadlineMargin);
   return call;
 }
 

@@ -1,6 +1,6 @@
 // The Peer gRPC service of a site: a thin adapter. Each RPC is authorized
 // from the caller's verified certificate, then becomes a call on the
-// SwarmController; model streams are assembled here (header first, so the
+// SiteDriver; model streams are assembled here (header first, so the
 // controller can refuse a stream before its body arrives).
 //
 // Authorization (with TLS identities; see rpc/tls.h):
@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "controller/swarm_controller.h"
+#include "controller/site_driver.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/tls.h"
 
@@ -42,7 +42,7 @@ class StreamWatchdog;
 class PeerService final : public RawModelService {
  public:
   // `controller` must outlive the service (shut the server down first).
-  PeerService(SwarmController* controller, PeerServiceOptions options);
+  PeerService(SiteDriver* controller, PeerServiceOptions options);
   ~PeerService() override;
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
@@ -51,6 +51,7 @@ class PeerService final : public RawModelService {
   enum class Rule { kAdmin, kAnyPeer, kSender, kFetch };
   class CallSlot;
   class HeldCall;
+  class PermissionCall;
 
   // Checks `rule` for the caller and takes one of its call slots (released
   // when `slot` goes away). The error is the gRPC status to return.
@@ -78,7 +79,7 @@ class PeerService final : public RawModelService {
                           const v1::FetchModelRequest* request,
                           grpc::ServerWriter<grpc::ByteBuffer>* writer);
 
-  SwarmController* const controller_;
+  SiteDriver* const controller_;
   const PeerServiceOptions options_;
   std::unique_ptr<StreamWatchdog> watchdog_;
   absl::Mutex mu_;

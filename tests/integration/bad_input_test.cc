@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/substitute.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "controller/task_runner.h"
 #include "rpc/peer_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -348,7 +350,9 @@ class FakeAggregatorTest : public ::testing::Test {
         swarm_->Identity("fake-aggr", security::kSiteRole);
     channels_ = std::make_unique<PeerChannels>(
         security::ClientCredentials(fake_identity));
-    transport_ = std::make_unique<GrpcPeerTransport>(channels_.get());
+    runner_ = std::make_unique<ThreadPoolRunner>(2);
+    transport_ =
+        std::make_unique<GrpcPeerTransport>(channels_.get(), runner_.get());
     grpc::ServerBuilder builder;
     builder.AddListeningPort(
         "127.0.0.1:0", security::ServerCredentials(fake_identity), &fake_port_);
@@ -398,9 +402,23 @@ class FakeAggregatorTest : public ::testing::Test {
     header.set_sender("fake-aggr");
     header.set_aggregator(aggregator);
     header.add_expected_trainers("site-a");
-    return transport_->SendLearnTask(
-        swarm_->Info("site-a"), header,
-        std::make_shared<const Model>(std::move(*model)), absl::Seconds(30));
+    PeerMessage message;
+    message.kind = CallKind::kLearnTask;
+    message.header = header;
+    message.model = std::make_shared<const Model>(std::move(*model));
+    message.timeout = absl::Seconds(30);
+    absl::Notification sent;
+    absl::StatusOr<PeerReply> reply;
+    transport_->Send(swarm_->Info("site-a"), std::move(message),
+                     [&](absl::StatusOr<PeerReply> answer) {
+                       reply = std::move(answer);
+                       sent.Notify();
+                     });
+    if (!sent.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      return absl::DeadlineExceededError("no reply to the learn task");
+    }
+    if (!reply.ok()) return reply.status();
+    return reply->reply;
   }
 
   FakeAggregator fake_;
@@ -410,6 +428,7 @@ class FakeAggregatorTest : public ::testing::Test {
   std::unique_ptr<LocalSwarm> swarm_;
   v1::JobConfig job_;
   std::unique_ptr<PeerChannels> channels_;
+  std::unique_ptr<ThreadPoolRunner> runner_;
   std::unique_ptr<GrpcPeerTransport> transport_;
 };
 

@@ -1,0 +1,513 @@
+#include "controller/site_driver.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "config/job_config.h"
+#include "controller/replies.h"
+#include "model/weight_diff.h"
+
+namespace swarm {
+
+namespace {
+
+// A held request to this site itself is answered this long before its
+// call's deadline (as PeerService does for a remote one).
+constexpr absl::Duration kHoldMargin = absl::Milliseconds(500);
+
+absl::string_view PersistName(effect::Persist::What what) {
+  switch (what) {
+    case effect::Persist::What::kState:
+      return "state";
+    case effect::Persist::What::kGlobal:
+      return "the global model";
+    case effect::Persist::What::kFinal:
+      return "final model";
+    case effect::Persist::What::kClearOffload:
+      return "offload directory";
+  }
+  return "file";
+}
+
+}  // namespace
+
+SiteDriver::SiteDriver(DriverOptions options, PeerTransport* transport,
+                       Learner* learner, ModelStore* store, TaskRunner* runner)
+    : options_(std::move(options)),
+      transport_(transport),
+      learner_(learner),
+      store_(store),
+      runner_(runner),
+      machine_(SiteMachineOptions{options_.site, options_.limits}),
+      jitter_(static_cast<std::minstd_rand::result_type>(
+          options_.jitter_seed != 0 ? options_.jitter_seed
+                                    : std::random_device{}())) {}
+
+SiteDriver::~SiteDriver() {
+  absl::MutexLock lock(&mu_);
+  if (training_cancel_ != nullptr) *training_cancel_ = true;
+}
+
+// ---------------------------------------------------------------------------
+// Stepping
+
+RequestId SiteDriver::NewRequest() {
+  absl::MutexLock lock(&mu_);
+  return next_request_++;
+}
+
+void SiteDriver::Feed(Event event, RequestId request, Answer answer) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (answer != nullptr) answers_[request] = std::move(answer);
+    effects = machine_.Step(std::move(event), runner_->Now());
+    // Writes are queued in step order while the lock is held; they run
+    // outside it (DrainWrites).
+    bool queued = false;
+    {
+      absl::MutexLock write(&write_mu_);
+      for (Effect& effect : effects) {
+        auto* persist = std::get_if<effect::Persist>(&effect);
+        if (persist == nullptr) continue;
+        // Each state snapshot is the whole state: a newer one replaces an
+        // older one still waiting right before it.
+        if (persist->what == effect::Persist::What::kState &&
+            !persist->notify && !writes_.empty() &&
+            writes_.back().what == effect::Persist::What::kState &&
+            !writes_.back().notify) {
+          writes_.back() = std::move(*persist);
+        } else {
+          writes_.push_back(std::move(*persist));
+        }
+        queued = true;
+      }
+      queued = queued && !draining_;
+      if (queued) draining_ = true;
+    }
+    if (queued) runner_->Post([this] { DrainWrites(); });
+  }
+  Carry(effects);
+}
+
+v1::Reply SiteDriver::Ask(Event event, RequestId request) {
+  std::optional<v1::Reply> reply;
+  Feed(std::move(event), request, [&reply](effect::Reply& r) {
+    reply = std::get<v1::Reply>(std::move(r.answer));
+  });
+  Forget(request);
+  // Operator calls are answered in the step that takes them.
+  if (!reply.has_value()) {
+    return MakeReply(v1::OUTCOME_REJECTED, "no answer from the site");
+  }
+  return *std::move(reply);
+}
+
+void SiteDriver::Carry(Effects& effects) {
+  for (Effect& effect : effects) {
+    if (auto* send = std::get_if<effect::Send>(&effect)) {
+      CarrySend(*send);
+    } else if (auto* reply = std::get_if<effect::Reply>(&effect)) {
+      Answer answer;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = answers_.find(reply->request);
+        if (it == answers_.end()) continue;
+        answer = std::move(it->second);
+        answers_.erase(it);
+      }
+      answer(*reply);
+    } else if (auto* start = std::get_if<effect::StartTraining>(&effect)) {
+      StartTraining(*start);
+    } else if (std::holds_alternative<effect::CancelTraining>(effect)) {
+      absl::MutexLock lock(&mu_);
+      if (training_cancel_ != nullptr) *training_cancel_ = true;
+      training_cancel_.reset();
+    } else if (std::holds_alternative<effect::LoadInitialModel>(effect)) {
+      runner_->Post([this] {
+        absl::StatusOr<Model> initial = learner_->InitialModel();
+        event::InitialModel done;
+        if (initial.ok()) {
+          done.model = std::make_shared<const Model>(std::move(*initial));
+        } else {
+          done.model = initial.status();
+        }
+        Feed(std::move(done));
+      });
+    } else if (auto* run = std::get_if<effect::RunAggregation>(&effect)) {
+      // Outside the lock: the closed round is this task's alone.
+      runner_->Post([this, round = run->round, closed = run->closed] {
+        Feed(event::AggregationDone{round, closed->Aggregate()});
+      });
+    } else if (auto* timer = std::get_if<effect::SetTimer>(&effect)) {
+      runner_->PostAt(timer->when, [this, id = timer->timer] {
+        Feed(event::TimerFired{id});
+      });
+    } else if (auto* prepare = std::get_if<effect::PrepareTransport>(&effect)) {
+      transport_->PrepareForJob(prepare->job);
+    } else if (std::holds_alternative<effect::StatusChanged>(effect)) {
+      std::vector<std::function<void()>> waiters;
+      {
+        absl::MutexLock lock(&mu_);
+        waiters.swap(status_waiters_);
+      }
+      for (auto& waiter : waiters) runner_->Post(std::move(waiter));
+    }
+    // Persist effects were queued in Feed.
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Outgoing calls
+
+void SiteDriver::CarrySend(effect::Send& send) {
+  auto shared = std::make_shared<effect::Send>(std::move(send));
+  if (shared->to.name() == options_.site) {
+    runner_->Post([this, shared] { Loopback(shared); });
+    return;
+  }
+  if (shared->to.address().empty()) {
+    CallDone(shared->call,
+             absl::NotFoundError(absl::StrCat(shared->to.name(),
+                                              " is not a site of the job")));
+    return;
+  }
+  Attempt(std::move(shared), 1, false);
+}
+
+void SiteDriver::Attempt(std::shared_ptr<effect::Send> send, int attempt,
+                         bool maybe_delivered) {
+  transport_->Send(
+      send->to, send->message,
+      [this, send, attempt,
+       maybe_delivered](absl::StatusOr<PeerReply> reply) mutable {
+        const absl::Status status = reply.status();
+        if (status.ok() || !send->retry || !RetryPolicy::Retryable(status)) {
+          CallDone(send->call, std::move(reply), maybe_delivered);
+          return;
+        }
+        const std::optional<absl::Duration> delay = options_.retry.NextDelay(
+            status, attempt, JitterUnit(), runner_->Now(), send->retry_until);
+        if (!delay.has_value()) {
+          CallDone(send->call, std::move(reply), true);
+          return;
+        }
+        SWARM_LOG_INFO("%s to %s failed (%s); retry %d in %s",
+                       CallKindName(send->message.kind), send->to.name(),
+                       status.ToString(), attempt,
+                       absl::FormatDuration(*delay));
+        runner_->PostAfter(*delay, [this, send, attempt] {
+          bool wanted;
+          {
+            absl::MutexLock lock(&mu_);
+            wanted = machine_.WantsCall(send->call);
+          }
+          if (!wanted) return;  // The machine forgot it: nobody waits.
+          Attempt(send, attempt + 1, true);
+        });
+      });
+}
+
+void SiteDriver::CallDone(CallId call, absl::StatusOr<PeerReply> reply,
+                          bool maybe_delivered) {
+  Feed(event::CallDone{call, std::move(reply), maybe_delivered});
+}
+
+void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
+  const CallId call = send->call;
+  PeerMessage& message = send->message;
+  auto done_reply = [this, call](v1::Reply reply) {
+    PeerReply peer;
+    peer.reply = std::move(reply);
+    CallDone(call, std::move(peer));
+  };
+  switch (message.kind) {
+    case CallKind::kRequestToSubmit: {
+      const absl::Time hold =
+          runner_->Now() + message.timeout - kHoldMargin;
+      RequestToSubmit(message.permission, hold,
+                      [this, call](v1::SubmitPermissionReply reply) {
+                        PeerReply peer;
+                        peer.permission = std::move(reply);
+                        CallDone(call, std::move(peer));
+                      });
+      return;
+    }
+    case CallKind::kShareBest:
+      done_reply(ShareBest(message.share_best));
+      return;
+    default:
+      break;
+  }
+  // A model stream: the header's admission, then the model as it is (it
+  // is in memory already; there is nothing to assemble).
+  absl::StatusOr<ModelAdmission> admission = AdmitModel(message.header);
+  if (!admission.ok()) {
+    CallDone(call, admission.status());
+    return;
+  }
+  if (admission->header_only) {
+    done_reply(OkReply(std::move(admission->reply_message)));
+    return;
+  }
+  const RequestId request = NewRequest();
+  event::ModelBody body{request, message.header, message.model};
+  if (message.model == nullptr) {
+    body.model = absl::InvalidArgumentError("no model in the message");
+  }
+  Feed(std::move(body), request, [done_reply](effect::Reply& r) {
+    done_reply(std::get<v1::Reply>(std::move(r.answer)));
+  });
+}
+
+void SiteDriver::Forget(RequestId request) {
+  absl::MutexLock lock(&mu_);
+  answers_.erase(request);
+}
+
+double SiteDriver::JitterUnit() {
+  absl::MutexLock lock(&jitter_mu_);
+  return std::uniform_real_distribution<double>(0.0, 1.0)(jitter_);
+}
+
+// ---------------------------------------------------------------------------
+// Training and writes
+
+void SiteDriver::StartTraining(effect::StartTraining& start) {
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  {
+    absl::MutexLock lock(&mu_);
+    if (training_cancel_ != nullptr) *training_cancel_ = true;
+    training_cancel_ = cancel;
+  }
+  runner_->Post([this, cancel, round = start.round, global = start.global,
+                 diff = start.weight_diff] {
+    event::TrainingDone done;
+    done.round = round;
+    done.metrics = learner_->Validate(*global, round);
+    done.output = done.metrics.ok()
+                      ? learner_->Train(*global, round, *cancel)
+                      : absl::StatusOr<TrainOutput>(done.metrics.status());
+    if (*cancel) return;
+    if (diff && done.output.ok() &&
+        done.output->kind == v1::PAYLOAD_KIND_FULL_WEIGHTS) {
+      absl::Status diffed = ToWeightDiff(*global, &done.output->model);
+      if (diffed.ok()) {
+        done.output->kind = v1::PAYLOAD_KIND_WEIGHT_DIFF;
+      } else {
+        SWARM_LOG_INFO("round %d: sending full weights: %s", round,
+                       diffed.message());
+      }
+    }
+    Feed(std::move(done));
+  });
+}
+
+void SiteDriver::DrainWrites() {
+  while (true) {
+    effect::Persist persist;
+    {
+      absl::MutexLock write(&write_mu_);
+      if (writes_.empty()) {
+        draining_ = false;
+        return;
+      }
+      persist = std::move(writes_.front());
+      writes_.pop_front();
+    }
+    Write(persist);
+  }
+}
+
+void SiteDriver::Write(effect::Persist& persist) {
+  absl::Status status;
+  switch (persist.what) {
+    case effect::Persist::What::kState:
+      status = store_->SaveState(persist.state);
+      break;
+    case effect::Persist::What::kGlobal:
+      status = store_->SaveGlobal(persist.job_id, persist.round,
+                                  *persist.model, persist.metadata,
+                                  persist.keep_round);
+      break;
+    case effect::Persist::What::kFinal:
+      status = store_->SaveFinal(persist.job_id, persist.kind, *persist.model,
+                                 persist.metadata);
+      break;
+    case effect::Persist::What::kClearOffload:
+      store_->ClearOffload(persist.job_id).IgnoreError();
+      break;
+  }
+  if (persist.notify || !status.ok()) {
+    Feed(event::PersistDone{persist.persist, status,
+                            std::string(PersistName(persist.what))});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Operator calls
+
+v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
+  v1::JobConfig job = WithDefaults(request.job());
+  absl::MutexLock configuring(&configure_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    bool already = false;
+    std::optional<v1::Reply> early = machine_.CheckConfigure(job, &already);
+    if (early.has_value()) return *early;
+  }
+  // The job's learner_params override the site's; a bad one refuses the job.
+  absl::Status learner =
+      learner_->ConfigureForJob(std::map<std::string, std::string>(
+          job.learner_params().begin(), job.learner_params().end()));
+  if (!learner.ok()) {
+    return MakeReply(v1::OUTCOME_BAD_REQUEST,
+                     absl::StrCat("learner_params: ", learner.message()));
+  }
+  absl::Status saved = store_->SaveJobConfig(job);
+  if (!saved.ok()) {
+    return MakeReply(v1::OUTCOME_REJECTED,
+                     absl::StrCat("cannot store the job: ", saved.message()));
+  }
+  const RequestId id = NewRequest();
+  std::string offload_dir = store_->OffloadDir(job.job_id());
+  return Ask(event::Configure{id, std::move(job), std::move(offload_dir)}, id);
+}
+
+v1::Reply SiteDriver::Start(const v1::StartRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::Start{id, request}, id);
+}
+
+v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::Abort{id, request}, id);
+}
+
+v1::StatusReply SiteDriver::Status() const {
+  absl::MutexLock lock(&mu_);
+  return machine_.Status();
+}
+
+v1::StatusReply SiteDriver::WaitForStatusChange(uint64_t known_version,
+                                                absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return machine_.status_version() != known_version;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return machine_.Status();
+}
+
+void SiteDriver::WhenStatusChanges(uint64_t known_version, absl::Time deadline,
+                                   std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (machine_.status_version() != known_version) {
+    runner_->Post(std::move(wake));
+    return;
+  }
+  runner_->PostAt(deadline, wake);
+  status_waiters_.push_back(std::move(wake));
+}
+
+std::optional<v1::JobConfig> SiteDriver::job() const {
+  absl::MutexLock lock(&mu_);
+  if (machine_.job() == nullptr) return std::nullopt;
+  return machine_.job()->config();
+}
+
+// ---------------------------------------------------------------------------
+// Peer calls
+
+absl::StatusOr<ModelAdmission> SiteDriver::AdmitModel(
+    const v1::ModelHeader& header) {
+  const RequestId id = NewRequest();
+  absl::StatusOr<ModelAdmission> admission =
+      absl::InternalError("no admission from the site");
+  Feed(event::ModelHeader{id, header}, id, [&admission](effect::Reply& r) {
+    admission =
+        std::get<absl::StatusOr<ModelAdmission>>(std::move(r.answer));
+  });
+  Forget(id);  // Answered in the step (the answer refers to this frame).
+  return admission;
+}
+
+void SiteDriver::OnModel(const v1::ModelHeader& header,
+                         absl::StatusOr<Model> model, ReplyDone done) {
+  event::ModelBody body;
+  body.request = NewRequest();
+  body.header = header;
+  if (model.ok()) {
+    body.model = std::make_shared<const Model>(std::move(*model));
+  } else {
+    body.model = model.status();
+  }
+  const RequestId id = body.request;
+  Feed(std::move(body), id, [done = std::move(done)](effect::Reply& r) {
+    done(std::get<v1::Reply>(std::move(r.answer)));
+  });
+}
+
+v1::Reply SiteDriver::OnModelAndWait(const v1::ModelHeader& header,
+                                     absl::StatusOr<Model> model,
+                                     absl::Time deadline) {
+  struct Slot {
+    absl::Mutex mu;
+    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
+  };
+  auto slot = std::make_shared<Slot>();
+  OnModel(header, std::move(model), [slot](v1::Reply reply) {
+    absl::MutexLock lock(&slot->mu);
+    slot->reply = std::move(reply);
+  });
+  absl::MutexLock lock(&slot->mu);
+  auto answered = [&slot]() ABSL_SHARED_LOCKS_REQUIRED(slot->mu) {
+    return slot->reply.has_value();
+  };
+  if (!slot->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+    return MakeReply(v1::OUTCOME_RETRY,
+                     "the site did not store the model in time");
+  }
+  return *slot->reply;
+}
+
+RequestId SiteDriver::RequestToSubmit(
+    const v1::SubmitPermissionRequest& request, absl::Time hold_until,
+    PermissionDone done) {
+  const RequestId id = NewRequest();
+  Feed(event::PermissionAsked{id, request, hold_until}, id,
+       [done = std::move(done)](effect::Reply& r) {
+         done(std::get<v1::SubmitPermissionReply>(std::move(r.answer)));
+       });
+  return id;
+}
+
+void SiteDriver::CancelRequest(RequestId request) {
+  Feed(event::RequestCancelled{request});
+  absl::MutexLock lock(&mu_);
+  answers_.erase(request);
+}
+
+v1::Reply SiteDriver::ShareBest(const v1::ShareBestRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::ShareBest{id, request}, id);
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::ModelForFetch(
+    const v1::FetchModelRequest& request) const {
+  absl::StatusOr<FetchSource> source;
+  {
+    absl::MutexLock lock(&mu_);
+    source = machine_.ModelForFetch(request);
+  }
+  if (!source.ok()) return source.status();
+  if (source->model != nullptr) return source->model;
+  if (source->round.has_value()) {
+    return store_->LoadRound(request.job_id(), *source->round);
+  }
+  return store_->LoadFinal(request.job_id(), source->final_kind);
+}
+
+}  // namespace swarm

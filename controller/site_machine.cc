@@ -1,0 +1,559 @@
+// SiteMachine: Step, the shared helpers, the operator's events and the
+// queries. The roles live beside it: site_machine_trainer.cc (scatter,
+// training, submission), site_machine_aggregator.cc (the rounds this site
+// gathers) and site_machine_finale.cc (BEST and LAST).
+#include "controller/site_machine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "config/job_config.h"
+#include "controller/replies.h"
+
+namespace swarm {
+
+absl::string_view CallKindName(CallKind kind) {
+  switch (kind) {
+    case CallKind::kLearnTask:
+      return "LearnTask";
+    case CallKind::kRequestToSubmit:
+      return "RequestToSubmit";
+    case CallKind::kSubmitResult:
+      return "SubmitResult";
+    case CallKind::kShareBest:
+      return "ShareBest";
+    case CallKind::kFinalResult:
+      return "FinalResult";
+  }
+  return "unknown";
+}
+
+uint32_t PeerMessage::round() const {
+  switch (kind) {
+    case CallKind::kRequestToSubmit:
+      return permission.round();
+    case CallKind::kShareBest:
+      return share_best.best().round();
+    default:
+      return header.round();
+  }
+}
+
+const std::string& PeerMessage::sender() const {
+  switch (kind) {
+    case CallKind::kRequestToSubmit:
+      return permission.sender();
+    case CallKind::kShareBest:
+      return share_best.sender();
+    default:
+      return header.sender();
+  }
+}
+
+SiteMachine::SiteMachine(SiteMachineOptions options)
+    : options_(std::move(options)) {
+  record_.self = options_.site;
+}
+
+SiteMachine::~SiteMachine() = default;
+
+Effects SiteMachine::Step(Event event, absl::Time now) {
+  now_ = std::max(now_, now);
+  std::visit(
+      [this](auto& e) {
+        using E = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<E, event::Configure>) OnConfigure(e);
+        if constexpr (std::is_same_v<E, event::Start>) OnStart(e);
+        if constexpr (std::is_same_v<E, event::Abort>) OnAbort(e);
+        if constexpr (std::is_same_v<E, event::ModelHeader>) OnModelHeader(e);
+        if constexpr (std::is_same_v<E, event::ModelBody>) OnModelBody(e);
+        if constexpr (std::is_same_v<E, event::PermissionAsked>)
+          OnPermissionAsked(e);
+        if constexpr (std::is_same_v<E, event::RequestCancelled>)
+          OnRequestCancelled(e);
+        if constexpr (std::is_same_v<E, event::ShareBest>) OnShareBest(e);
+        if constexpr (std::is_same_v<E, event::CallDone>) OnCallDone(e);
+        if constexpr (std::is_same_v<E, event::TimerFired>) OnTimerFired(e);
+        if constexpr (std::is_same_v<E, event::TrainingDone>)
+          OnTrainingDone(e);
+        if constexpr (std::is_same_v<E, event::InitialModel>)
+          OnInitialModel(e);
+        if constexpr (std::is_same_v<E, event::AggregationDone>)
+          OnAggregationDone(e);
+        if constexpr (std::is_same_v<E, event::PersistDone>) OnPersistDone(e);
+      },
+      event);
+  // A slot freed or a round opened: a held request may be answered now.
+  // (Answering may close a round, which may change more: look again, a few
+  // times at most.)
+  for (int pass = 0; permission_dirty_ && pass < 4; ++pass) {
+    permission_dirty_ = false;
+    AnswerHeldRequests();
+  }
+  permission_dirty_ = false;
+  if (status_dirty_) {
+    ++status_version_;
+    out_.push_back(effect::StatusChanged{});
+    status_dirty_ = false;
+  }
+  Effects effects;
+  effects.swap(out_);
+  return effects;
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+bool SiteMachine::Active() const {
+  return job_ != nullptr && record_.started && !IsTerminal(record_.state);
+}
+
+bool SiteMachine::IsTrainer(absl::string_view site) const {
+  return job_ != nullptr && job_->IsTrainer(site);
+}
+
+void SiteMachine::SetState(v1::SiteState state) {
+  if (IsTerminal(record_.state) && state != v1::SITE_STATE_CONFIGURED) return;
+  if (record_.state != state) {
+    record_.state = state;
+    PermissionMayChange();
+  }
+}
+
+void SiteMachine::ReportError(absl::string_view what,
+                              const absl::Status& status) {
+  last_error_ = absl::StrCat(what, ": ", status.message());
+  last_error_time_ = now_;
+  SWARM_LOG_WARNING("%s", last_error_);
+  Changed();
+}
+
+void SiteMachine::DropRounds() {
+  // What they counted stays in the site's counters; nothing of theirs is in
+  // flight any more.
+  for (const auto& [number, round] : rounds_) {
+    RoundCounters counted = round->counters();
+    counted.in_flight = 0;
+    closed_rounds_.Add(counted);
+  }
+  rounds_.clear();
+}
+
+void SiteMachine::EndActivity() {
+  if (training_.has_value()) out_.push_back(effect::CancelTraining{});
+  training_.reset();
+  DropRounds();
+  aggregating_.clear();
+  calls_.clear();
+  timers_.clear();
+  scatters_.clear();
+  broadcasts_.clear();
+  // Held requests are answered: the job is over here.
+  for (auto& [request, held] : held_) {
+    v1::SubmitPermissionReply reply;
+    reply.set_outcome(v1::OUTCOME_ABORTED);
+    reply.set_message(
+        absl::StrCat("job is ", v1::SiteState_Name(record_.state)));
+    out_.push_back(effect::Reply{request, reply});
+  }
+  held_.clear();
+  PermissionMayChange();
+}
+
+void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
+  ReportError(what, status);
+  SetState(v1::SITE_STATE_FAILED);
+  EndActivity();
+  PersistState();
+}
+
+void SiteMachine::PersistState() {
+  if (job_ == nullptr) return;
+  effect::Persist persist;
+  persist.what = effect::Persist::What::kState;
+  persist.persist = next_persist_++;
+  persist.job_id = job_->id();
+  v1::JobState& state = persist.state;
+  state.set_job_id(job_->id());
+  state.set_last_completed_round(
+      record_.last_task_round.has_value()
+          ? static_cast<int64_t>(*record_.last_task_round)
+          : -1);
+  *state.mutable_best() = record_.best;
+  state.set_state(record_.state);
+  state.set_updated_time_ms(absl::ToUnixMillis(now_));
+  out_.push_back(std::move(persist));
+}
+
+v1::ModelHeader SiteMachine::BaseHeader(v1::ModelKind kind,
+                                        uint32_t round) const {
+  v1::ModelHeader header;
+  header.set_kind(kind);
+  header.set_job_id(job_->id());
+  header.set_round(round);
+  header.set_sender(options_.site);
+  header.set_digest_algorithm(job_->config().digest_algorithm());
+  // The transport chunks every stream it sends at header.chunk_size.
+  header.set_chunk_size(job_->config().chunk_size());
+  return header;
+}
+
+AssemblerOptions SiteMachine::AssemblerFor(v1::ModelKind kind) const {
+  AssemblerOptions assembler;
+  assembler.limits = options_.limits;
+  assembler.limits.max_model_bytes = std::min(
+      assembler.limits.max_model_bytes, job_->config().max_model_bytes());
+  assembler.expected_kind = kind;
+  return assembler;
+}
+
+CallId SiteMachine::Send(const std::string& to, PeerMessage message,
+                         Call call, bool retry, absl::Time retry_until) {
+  const CallId id = next_call_++;
+  effect::Send send;
+  send.call = id;
+  if (const v1::SiteInfo* site = job_->Site(to); site != nullptr) {
+    send.to = *site;
+  } else {
+    send.to.set_name(to);  // The driver answers NOT_FOUND.
+  }
+  send.message = std::move(message);
+  send.retry = retry;
+  send.retry_until = retry_until;
+  call.target = to;
+  calls_[id] = std::move(call);
+  out_.push_back(std::move(send));
+  return id;
+}
+
+TimerId SiteMachine::SetTimer(absl::Time when, Timer timer) {
+  const TimerId id = next_timer_++;
+  timers_[id] = timer;
+  out_.push_back(effect::SetTimer{id, when});
+  return id;
+}
+
+void SiteMachine::Reply(RequestId request, v1::Reply reply) {
+  out_.push_back(effect::Reply{request, std::move(reply)});
+}
+
+v1::SiteCounters SiteMachine::Counters() const {
+  v1::SiteCounters counters = counters_;
+  RoundCounters rounds = closed_rounds_;
+  for (const auto& [number, round] : rounds_) rounds.Add(round->counters());
+  rounds.CopyTo(&counters);
+  return counters;
+}
+
+// ---------------------------------------------------------------------------
+// Operator events
+
+std::optional<v1::Reply> SiteMachine::CheckConfigure(const v1::JobConfig& job,
+                                                     bool* already) const {
+  *already = false;
+  absl::Status valid = ValidateJobConfig(job);
+  if (!valid.ok()) {
+    return MakeReply(v1::OUTCOME_BAD_REQUEST,
+                     absl::StrCat("invalid job config: ", valid.message()));
+  }
+  if (FindSite(job, options_.site) == nullptr) {
+    return MakeReply(v1::OUTCOME_BAD_REQUEST,
+                     absl::StrCat("site ", options_.site,
+                                  " is not a site of job ", job.job_id()));
+  }
+  if (job_ != nullptr && record_.started && !IsTerminal(record_.state)) {
+    // A running job keeps its learner: refuse before touching it.
+    if (job_->config().SerializeAsString() == job.SerializeAsString()) {
+      *already = true;
+      return MakeReply(v1::OUTCOME_OK, "already configured with this job");
+    }
+    return MakeReply(
+        v1::OUTCOME_REJECTED,
+        absl::StrCat("site ", options_.site, " is running job ", job_->id()));
+  }
+  return std::nullopt;
+}
+
+void SiteMachine::OnConfigure(event::Configure& e) {
+  EndActivity();
+  finals_.clear();
+  best_model_.reset();
+  best_model_round_ = 0;
+  current_global_.reset();
+  pending_finals_.clear();
+  counters_ = v1::SiteCounters();
+  closed_rounds_ = RoundCounters();
+  metrics_.clear();
+  last_error_.clear();
+  last_error_time_ = absl::InfinitePast();
+  job_ = std::make_shared<const JobView>(std::move(e.job));
+  offload_dir_ = std::move(e.offload_dir);
+  record_ = SiteRecord();
+  record_.self = options_.site;
+  record_.state = v1::SITE_STATE_CONFIGURED;
+  PermissionMayChange();
+  effect::Persist clear;
+  clear.what = effect::Persist::What::kClearOffload;
+  clear.persist = next_persist_++;
+  clear.job_id = job_->id();
+  out_.push_back(std::move(clear));
+  PersistState();
+  out_.push_back(effect::PrepareTransport{job_->config()});
+  SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->id(),
+                 job_->config().sites_size(), job_->config().num_rounds());
+  Reply(e.request, MakeReply(v1::OUTCOME_OK, "configured"));
+}
+
+void SiteMachine::OnStart(event::Start& e) {
+  absl::Status job = CheckJobId(job_.get(), options_.site, e.start.job_id());
+  if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
+  if (job_->config().starting_site() != options_.site) {
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("start goes to the starting site ",
+                                        job_->config().starting_site(),
+                                        ", not ", options_.site)));
+  }
+  if (record_.started) {
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("job ", job_->id(), " already started")));
+  }
+  record_.started = true;
+  PermissionMayChange();
+  out_.push_back(effect::LoadInitialModel{});
+  SWARM_LOG_INFO("starting job %s at round %d", job_->id(),
+                 job_->first_round());
+  Reply(e.request, MakeReply(v1::OUTCOME_OK, "started"));
+}
+
+void SiteMachine::OnInitialModel(event::InitialModel& e) {
+  if (!Active()) return;
+  if (!e.model.ok()) return Fail("initial model", e.model.status());
+  ScatterRound(job_->first_round(), std::move(*e.model), v1::BestRecord());
+}
+
+void SiteMachine::OnAbort(event::Abort& e) {
+  absl::Status job = CheckJobId(job_.get(), options_.site, e.abort.job_id());
+  if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
+  if (IsTerminal(record_.state)) {
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_OK,
+                           absl::StrCat("job already ",
+                                        v1::SiteState_Name(record_.state))));
+  }
+  last_error_ = absl::StrCat("aborted by ", e.abort.sender(),
+                             e.abort.reason().empty() ? "" : ": ",
+                             e.abort.reason());
+  last_error_time_ = now_;
+  record_.state = v1::SITE_STATE_ABORTED;
+  EndActivity();  // Aggregators remove their offload files.
+  effect::Persist clear;
+  clear.what = effect::Persist::What::kClearOffload;
+  clear.persist = next_persist_++;
+  clear.job_id = job_->id();
+  out_.push_back(std::move(clear));
+  PersistState();
+  SWARM_LOG_WARNING("job %s aborted (%s)", job_->id(), last_error_);
+  Reply(e.request, MakeReply(v1::OUTCOME_OK, "aborted"));
+}
+
+// ---------------------------------------------------------------------------
+// Incoming model streams
+
+void SiteMachine::OnModelHeader(event::ModelHeader& e) {
+  const v1::ModelHeader& header = e.header;
+  absl::StatusOr<Admitted> admitted = AdmitStream(job_.get(), record_, header);
+  absl::StatusOr<ModelAdmission> answer;
+  if (!admitted.ok()) {
+    answer = admitted.status();
+  } else if (!admitted->receive_body) {
+    ModelAdmission admission;
+    admission.header_only = true;
+    admission.reply_message = std::move(admitted->message);
+    answer = std::move(admission);
+  } else if (header.kind() == v1::MODEL_KIND_RESULT) {
+    answer = AdmitResult(header, now_);
+  } else {
+    ModelAdmission admission;
+    admission.assembler = AssemblerFor(header.kind());
+    if (header.kind() == v1::MODEL_KIND_LEARN_TASK &&
+        current_global_ != nullptr) {
+      admission.assembler.expected_specs = current_global_->specs();
+    }
+    answer = std::move(admission);
+  }
+  out_.push_back(effect::Reply{e.request, std::move(answer)});
+}
+
+void SiteMachine::OnModelBody(event::ModelBody& e) {
+  const v1::ModelHeader& header = e.header;
+  absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
+  if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
+  switch (header.kind()) {
+    case v1::MODEL_KIND_LEARN_TASK:
+      if (!e.model.ok()) return Reply(e.request, ReplyFromStatus(e.model.status()));
+      return Reply(e.request, AcceptLearnTask(header, *e.model));
+    case v1::MODEL_KIND_RESULT:
+      return Reply(e.request, OnResult(header, e.model));
+    case v1::MODEL_KIND_BEST:
+    case v1::MODEL_KIND_LAST: {
+      if (!e.model.ok()) return Reply(e.request, ReplyFromStatus(e.model.status()));
+      // Written first; stored in the record (and answered) once on disk.
+      effect::Persist persist;
+      persist.what = effect::Persist::What::kFinal;
+      persist.persist = next_persist_++;
+      persist.notify = true;
+      persist.job_id = header.job_id();
+      persist.kind = header.kind();
+      persist.model = *e.model;
+      persist.metadata = ModelMetadataFromHeader(header);
+      pending_finals_[persist.persist] =
+          PendingFinal{e.request, header, *e.model};
+      out_.push_back(std::move(persist));
+      return;
+    }
+    default:
+      return Reply(e.request,
+                   MakeReply(v1::OUTCOME_BAD_REQUEST, "unexpected model kind"));
+  }
+}
+
+void SiteMachine::OnPersistDone(event::PersistDone& e) {
+  auto it = pending_finals_.find(e.persist);
+  if (it == pending_finals_.end()) {
+    if (!e.status.ok()) ReportError(absl::StrCat("saving ", e.what), e.status);
+    return;
+  }
+  PendingFinal pending = std::move(it->second);
+  pending_finals_.erase(it);
+  const v1::ModelHeader& header = pending.header;
+  if (!e.status.ok()) {
+    ReportError(absl::StrCat("saving ", v1::ModelKind_Name(header.kind())),
+                e.status);
+    return Reply(pending.request, ReplyFromStatus(e.status));
+  }
+  absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
+  if (!job.ok()) return Reply(pending.request, ReplyFromStatus(job));
+  Reply(pending.request, AcceptFinal(header, pending.model));
+}
+
+// ---------------------------------------------------------------------------
+// Outgoing calls ending, timers
+
+void SiteMachine::OnCallDone(event::CallDone& e) {
+  auto it = calls_.find(e.call);
+  if (it == calls_.end()) return;  // No longer wanted.
+  const Call call = std::move(it->second);
+  calls_.erase(it);
+  switch (call.purpose) {
+    case Call::Purpose::kTaskToTrainer:
+      return OnTaskToTrainerDone(call, e);
+    case Call::Purpose::kTaskToAggregator:
+      return OnTaskToAggregatorDone(call, e);
+    case Call::Purpose::kAskPermission:
+      return OnPermissionReply(call, e);
+    case Call::Purpose::kSubmit:
+      return OnSubmitDone(call, e);
+    case Call::Purpose::kFinal:
+      return OnFinalDone(call, e);
+    case Call::Purpose::kShareBest: {
+      absl::Status status =
+          e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
+      if (!status.ok()) ReportError("distributing BEST", status);
+      return;
+    }
+  }
+}
+
+void SiteMachine::OnTimerFired(event::TimerFired& e) {
+  auto it = timers_.find(e.timer);
+  if (it == timers_.end()) return;
+  const Timer timer = it->second;
+  timers_.erase(it);
+  switch (timer.purpose) {
+    case Timer::Purpose::kRoundDeadline: {
+      auto round = rounds_.find(timer.round);
+      if (round == rounds_.end()) return;
+      return OnRoundReport(timer.round, round->second->Check(now_));
+    }
+    case Timer::Purpose::kHeldPermission: {
+      auto held = held_.find(timer.request);
+      if (held == held_.end()) return;
+      v1::SubmitPermissionReply reply = DecidePermission(held->second.ask);
+      // Held as long as allowed: the trainer asks again at once.
+      if (reply.outcome() == v1::OUTCOME_RETRY) reply.set_retry_after_ms(0);
+      out_.push_back(effect::Reply{timer.request, std::move(reply)});
+      held_.erase(held);
+      return;
+    }
+    case Timer::Purpose::kAskAgain:
+      if (training_.has_value() && training_->id == timer.training) {
+        AskToSubmit();
+      }
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Queries
+
+v1::StatusReply SiteMachine::Status() const {
+  v1::StatusReply reply;
+  v1::SiteStatus* status = reply.mutable_status();
+  status->set_site(options_.site);
+  if (job_ != nullptr) {
+    status->set_job_id(job_->id());
+    status->mutable_role()->set_trainer(IsTrainer(options_.site));
+  }
+  status->set_state(record_.state);
+  status->mutable_role()->set_aggregator(record_.round_aggregator ==
+                                         options_.site);
+  status->set_round(record_.last_task_round.value_or(
+      job_ != nullptr ? job_->first_round() : 0));
+  status->set_aggregator(record_.round_aggregator);
+  *status->mutable_best() = record_.best;
+  *status->mutable_counters() = Counters();
+  status->set_last_error(last_error_);
+  if (last_error_time_ != absl::InfinitePast()) {
+    status->set_last_error_time_ms(absl::ToUnixMillis(last_error_time_));
+  }
+  for (const auto& [name, value] : metrics_) {
+    (*status->mutable_metrics())[name] = value;
+  }
+  reply.set_version(status_version_);
+  return reply;
+}
+
+absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
+    const v1::FetchModelRequest& request) const {
+  absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
+  if (!job.ok()) return job;
+  FetchSource source;
+  switch (request.which()) {
+    case v1::MODEL_SELECTOR_BEST:
+      source.final_kind = v1::MODEL_KIND_BEST;
+      break;
+    case v1::MODEL_SELECTOR_LAST:
+      source.final_kind = v1::MODEL_KIND_LAST;
+      break;
+    case v1::MODEL_SELECTOR_CURRENT:
+      if (current_global_ == nullptr) {
+        return absl::NotFoundError("no global model yet");
+      }
+      source.model = current_global_;
+      return source;
+    case v1::MODEL_SELECTOR_ROUND:
+      source.round = request.round();
+      return source;
+    default:
+      return absl::InvalidArgumentError("unknown model selector");
+  }
+  auto it = finals_.find(source.final_kind);
+  if (it != finals_.end()) source.model = it->second;
+  return source;
+}
+
+}  // namespace swarm

@@ -1,0 +1,458 @@
+// SiteMachine: one site's whole part in a swarm job (design sections 2 and
+// 3) as a deterministic state machine, in the manner of etcd raft's Step:
+// every input is an Event, passed with the time; Step changes the state and
+// returns what the caller must do as Effects (send this, reply to that, start
+// training, arm a timer, persist a file). The machine never blocks, sleeps,
+// locks or does I/O; it holds no thread and no clock.
+//
+// Caller's obligations (SiteDriver meets them; a test may too):
+// - Serialize every call (one Step at a time) and pass a time that never
+//   goes backwards.
+// - Carry out each Step's effects in order: persist effects in the order
+//   given (a later one may depend on an earlier), the others as soon as it
+//   can. Report every Send's end as exactly one kCallDone, every
+//   StartTraining's end as one kTrainingDone (unless cancelled), every
+//   RunAggregation as one kAggregationDone, every Persist with `notify` (or
+//   that failed) as one kPersistDone, every LoadInitialModel as one kInitialModel, and every
+//   SetTimer as one kTimerFired at or after its time (a timer the machine no
+//   longer needs is ignored when it fires).
+// - Answer every incoming call exactly once, with the Reply effect carrying
+//   its request id (which may come in a later Step: a held permission
+//   request, a final model whose file is being written).
+// - A message this site sends to itself (Send with `to` == self) is fed back
+//   as the matching incoming event; its reply ends the call as kCallDone.
+#ifndef SWARM_CONTROLLER_SITE_MACHINE_H_
+#define SWARM_CONTROLLER_SITE_MACHINE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "controller/admission.h"
+#include "controller/aggregation_round.h"
+#include "controller/job_view.h"
+#include "controller/peer_message.h"
+#include "learner/learner.h"
+#include "model/model.h"
+#include "model/tensor_sink.h"
+#include "proto/swarm.pb.h"
+#include "streaming/assembler.h"
+
+namespace swarm {
+
+using RequestId = uint64_t;  // An incoming call, numbered by the caller.
+using CallId = uint64_t;     // An outgoing call, numbered by the machine.
+using TimerId = uint64_t;
+using PersistId = uint64_t;
+
+// What an incoming model stream should be assembled into.
+struct ModelAdmission {
+  AssemblerOptions assembler;
+  // Set for results: the aggregator's sink (validates while receiving).
+  std::unique_ptr<TensorSink> sink;
+  // No body to receive: a failed result (header.failed()), or a final model
+  // this site already stored. The reply is OK with `reply_message`.
+  bool header_only = false;
+  std::string reply_message = "failure noted";
+};
+
+// ---------------------------------------------------------------------------
+// Events
+
+namespace event {
+// The operator's configure. REQUIRES: SiteMachine::CheckConfigure passed,
+// the learner took the job's parameters and the job config is stored.
+struct Configure {
+  RequestId request = 0;
+  v1::JobConfig job;  // With defaults applied, validated.
+  std::string offload_dir;
+};
+struct Start {
+  RequestId request = 0;
+  v1::StartRequest start;
+};
+struct Abort {
+  RequestId request = 0;
+  v1::AbortRequest abort;
+};
+// A model stream's header arrived: the reply is a ModelAdmission or why not.
+struct ModelHeader {
+  RequestId request = 0;
+  v1::ModelHeader header;
+};
+// The body of a stream whose header was admitted (and not header-only):
+// the model, or why assembly failed.
+struct ModelBody {
+  RequestId request = 0;
+  v1::ModelHeader header;
+  absl::StatusOr<std::shared_ptr<const Model>> model;
+};
+// A trainer asks to submit; a RETRY answer may be held until `hold_until`
+// (granted the moment a slot frees or the round opens).
+struct PermissionAsked {
+  RequestId request = 0;
+  v1::SubmitPermissionRequest ask;
+  absl::Time hold_until = absl::InfinitePast();
+};
+// The caller of a held request went away.
+struct RequestCancelled {
+  RequestId request = 0;
+};
+struct ShareBest {
+  RequestId request = 0;
+  v1::ShareBestRequest share;
+};
+// An outgoing call ended (after the caller's retries). `maybe_delivered`:
+// an earlier attempt failed in a way that may have reached the peer.
+struct CallDone {
+  CallId call = 0;
+  absl::StatusOr<PeerReply> reply;
+  bool maybe_delivered = false;
+};
+struct TimerFired {
+  TimerId timer = 0;
+};
+// The learner finished a StartTraining: the validation metrics of the
+// incoming model, and the trained result (already a weight difference when
+// the effect asked for one and it could be made).
+struct TrainingDone {
+  uint32_t round = 0;
+  absl::StatusOr<Metrics> metrics;
+  absl::StatusOr<TrainOutput> output;
+};
+struct InitialModel {
+  absl::StatusOr<std::shared_ptr<const Model>> model;
+};
+struct AggregationDone {
+  uint32_t round = 0;
+  absl::StatusOr<std::shared_ptr<const Model>> model;
+};
+// A Persist ended. Reported for every Persist with `notify`, and for every
+// one that failed (`what` names the file).
+struct PersistDone {
+  PersistId persist = 0;
+  absl::Status status;
+  std::string what;
+};
+}  // namespace event
+
+using Event =
+    std::variant<event::Configure, event::Start, event::Abort,
+                 event::ModelHeader, event::ModelBody, event::PermissionAsked,
+                 event::RequestCancelled, event::ShareBest, event::CallDone,
+                 event::TimerFired, event::TrainingDone, event::InitialModel,
+                 event::AggregationDone, event::PersistDone>;
+
+// ---------------------------------------------------------------------------
+// Effects
+
+namespace effect {
+// Send `message` to `to`. Retry retryable failures (transport errors,
+// deadlines) per the retry policy while `retry` and the machine still
+// wants the call (SiteMachine::WantsCall), at least until `retry_until`.
+struct Send {
+  CallId call = 0;
+  v1::SiteInfo to;
+  PeerMessage message;
+  bool retry = true;
+  absl::Time retry_until = absl::InfinitePast();
+};
+// The answer to incoming call `request`.
+struct Reply {
+  RequestId request = 0;
+  std::variant<v1::Reply, v1::SubmitPermissionReply,
+               absl::StatusOr<ModelAdmission>>
+      answer;
+};
+// Validate `global` and train on it for `round`; report kTrainingDone.
+struct StartTraining {
+  uint32_t round = 0;
+  std::shared_ptr<const Model> global;
+  // Return a weight difference against `global` when the learner gives
+  // full weights.
+  bool weight_diff = false;
+};
+// Stop the training under way (its kTrainingDone may then never come).
+struct CancelTraining {};
+// Ask the learner for the job's initial model; report kInitialModel.
+struct LoadInitialModel {};
+// Aggregate the closed round (costly: outside any lock); report
+// kAggregationDone.
+struct RunAggregation {
+  uint32_t round = 0;
+  std::shared_ptr<AggregationRound> closed;
+};
+struct SetTimer {
+  TimerId timer = 0;
+  absl::Time when;
+};
+// Write to the site's store, in the order given. With `notify`, and on
+// failure, report kPersistDone.
+struct Persist {
+  enum class What { kState, kGlobal, kFinal, kClearOffload };
+  What what = What::kState;
+  PersistId persist = 0;
+  bool notify = false;
+  std::string job_id;
+  v1::JobState state;  // kState.
+  uint32_t round = 0;  // kGlobal: the round the model is the input of.
+  bool keep_round = false;
+  v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;  // kFinal.
+  std::shared_ptr<const Model> model;
+  std::map<std::string, std::string> metadata;
+};
+// A job was configured: the transport may connect ahead.
+struct PrepareTransport {
+  v1::JobConfig job;
+};
+// What Status() shows changed (wake held Status calls).
+struct StatusChanged {};
+}  // namespace effect
+
+using Effect =
+    std::variant<effect::Send, effect::Reply, effect::StartTraining,
+                 effect::CancelTraining, effect::LoadInitialModel,
+                 effect::RunAggregation, effect::SetTimer, effect::Persist,
+                 effect::PrepareTransport, effect::StatusChanged>;
+using Effects = std::vector<Effect>;
+
+struct SiteMachineOptions {
+  // This site's name.
+  std::string site;
+  // Limits for incoming model streams (the job may lower max_model_bytes).
+  AssemblerLimits limits;
+};
+
+// Where FetchModel finds a model: in memory, or in the store.
+struct FetchSource {
+  std::shared_ptr<const Model> model;  // Set: answer with it.
+  v1::ModelKind final_kind = v1::MODEL_KIND_UNSPECIFIED;  // Else load BEST/LAST
+  std::optional<uint32_t> round;  // or a kept round's model.
+};
+
+class SiteMachine {
+ public:
+  explicit SiteMachine(SiteMachineOptions options);
+  SiteMachine(const SiteMachine&) = delete;
+  SiteMachine& operator=(const SiteMachine&) = delete;
+  ~SiteMachine();
+
+  Effects Step(Event event, absl::Time now);
+
+  // --- Queries (no state change) ---
+  const std::string& self() const { return options_.site; }
+  // Whether `job` may replace what runs here: an early refusal (as the
+  // reply), or nullopt to go on (store the config, configure the learner,
+  // then Step a Configure). `already` is set when this exact job runs here.
+  std::optional<v1::Reply> CheckConfigure(const v1::JobConfig& job,
+                                          bool* already) const;
+  v1::StatusReply Status() const;
+  uint64_t status_version() const { return status_version_; }
+  absl::StatusOr<FetchSource> ModelForFetch(
+      const v1::FetchModelRequest& request) const;
+  const JobView* job() const { return job_.get(); }
+  // Whether outgoing call `call` is still wanted (retry it) or was dropped
+  // (the job ended or changed, the round moved on).
+  bool WantsCall(CallId call) const { return calls_.count(call) > 0; }
+  const SiteRecord& record() const { return record_; }
+  // Held permission requests (for tests and status).
+  size_t held_requests() const { return held_.size(); }
+
+ private:
+  // What an outgoing call is for.
+  struct Call {
+    enum class Purpose {
+      kTaskToTrainer,
+      kTaskToAggregator,
+      kAskPermission,
+      kSubmit,
+      kFinal,
+      kShareBest,
+    };
+    Purpose purpose = Purpose::kTaskToTrainer;
+    std::string target;
+    uint32_t round = 0;
+    uint64_t broadcast = 0;  // kFinal: which broadcast.
+  };
+  // What a timer is for.
+  struct Timer {
+    enum class Purpose { kRoundDeadline, kHeldPermission, kAskAgain };
+    Purpose purpose = Purpose::kRoundDeadline;
+    uint32_t round = 0;
+    RequestId request = 0;
+    uint64_t training = 0;
+  };
+  // A scatter waiting for the trainers' acknowledgements.
+  struct Scatter {
+    v1::ModelHeader header;  // The trainers' learn task.
+    std::shared_ptr<const Model> global;
+    std::set<std::string> waiting;
+    std::vector<std::string> acked;
+  };
+  // This site's training for one round, from the learn task to submission.
+  struct Training {
+    uint64_t id = 0;
+    uint32_t round = 0;
+    std::shared_ptr<const Model> global;
+    std::string aggregator;
+    bool trained = false;
+    absl::Time asking_since;
+    v1::ModelHeader result_header;
+    std::shared_ptr<const Model> result;
+  };
+  struct Held {
+    v1::SubmitPermissionRequest ask;
+    absl::Time until;
+  };
+  // A final-model broadcast: LAST, then BEST (or asking its holder).
+  struct Broadcast {
+    v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;
+    int left = 0;
+    absl::Status first_error;
+    // After LAST: what to do for BEST.
+    bool then_best = false;
+    std::shared_ptr<const Model> best_model;
+    v1::BestRecord best;
+    uint32_t last_round = 0;
+  };
+
+  // One step function per kind of input (site_machine.cc and the role
+  // files); each appends to out_.
+  void OnConfigure(event::Configure& e);
+  void OnStart(event::Start& e);
+  void OnAbort(event::Abort& e);
+  void OnModelHeader(event::ModelHeader& e);
+  void OnModelBody(event::ModelBody& e);
+  void OnPermissionAsked(event::PermissionAsked& e);
+  void OnRequestCancelled(event::RequestCancelled& e);
+  void OnShareBest(event::ShareBest& e);
+  void OnCallDone(event::CallDone& e);
+  void OnTimerFired(event::TimerFired& e);
+  void OnTrainingDone(event::TrainingDone& e);
+  void OnInitialModel(event::InitialModel& e);
+  void OnAggregationDone(event::AggregationDone& e);
+  void OnPersistDone(event::PersistDone& e);
+
+  // Helpers (site_machine.cc).
+  bool Active() const;
+  bool IsTrainer(absl::string_view site) const;
+  void SetState(v1::SiteState state);
+  void ReportError(absl::string_view what, const absl::Status& status);
+  void Fail(absl::string_view what, const absl::Status& status);
+  void Changed() { status_dirty_ = true; }
+  void PermissionMayChange() {
+    status_dirty_ = true;
+    permission_dirty_ = true;
+  }
+  void EndActivity();  // Drops training, rounds, calls, held requests.
+  void DropRounds();
+  void PersistState();
+  v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const;
+  AssemblerOptions AssemblerFor(v1::ModelKind kind) const;
+  CallId Send(const std::string& to, PeerMessage message, Call call,
+              bool retry = true,
+              absl::Time retry_until = absl::InfinitePast());
+  TimerId SetTimer(absl::Time when, Timer timer);
+  void Reply(RequestId request, v1::Reply reply);
+  v1::SiteCounters Counters() const;
+
+  // Trainer role (site_machine_trainer.cc).
+  void ScatterRound(uint32_t round, std::shared_ptr<const Model> global,
+                    v1::BestRecord best);
+  void SendTaskToAggregator(const Scatter& scatter);
+  void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
+  void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
+  v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
+                            std::shared_ptr<const Model> model);
+  void AskToSubmit();
+  void OnPermissionReply(const Call& call, const event::CallDone& e);
+  void OnSubmitDone(const Call& call, const event::CallDone& e);
+
+  // Aggregator role (site_machine_aggregator.cc).
+  void OpenRound(const v1::ModelHeader& header,
+                 std::shared_ptr<const Model> base);
+  void OnRoundReport(uint32_t round, const RoundReport& report);
+  AggregationRound* GatheringRound(uint32_t round);
+  absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header,
+                                             absl::Time now);
+  v1::Reply OnResult(const v1::ModelHeader& header,
+                     const absl::StatusOr<std::shared_ptr<const Model>>& model);
+  // The answer to `ask` now (a RETRY may be held and asked again).
+  v1::SubmitPermissionReply DecidePermission(
+      const v1::SubmitPermissionRequest& ask);
+  void AnswerHeldRequests();
+  void CloseRound(uint32_t round);
+
+  // Finale (site_machine_finale.cc).
+  void FinishJob(uint32_t last_round, std::shared_ptr<const Model> last,
+                 v1::BestRecord best);
+  void BroadcastFinal(v1::ModelKind kind, std::shared_ptr<const Model> model,
+                      uint32_t round, v1::BestRecord best, Broadcast then);
+  void OnFinalDone(const Call& call, const event::CallDone& e);
+  void AfterLast(Broadcast& done);
+  v1::Reply AcceptFinal(const v1::ModelHeader& header,
+                        std::shared_ptr<const Model> model);
+
+  const SiteMachineOptions options_;
+  absl::Time now_ = absl::InfinitePast();
+  Effects out_;
+  bool status_dirty_ = false;
+  bool permission_dirty_ = false;
+
+  std::shared_ptr<const JobView> job_;
+  std::string offload_dir_;
+  SiteRecord record_;
+  // The global model this site scored best as an aggregator (it is the
+  // holder of record_.best when record_.best.site() is this site).
+  std::shared_ptr<const Model> best_model_;
+  uint32_t best_model_round_ = 0;
+  // The rounds this site gathers.
+  std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds_;
+  // When each gathering round's deadline timer is armed for.
+  std::map<uint32_t, absl::Time> armed_;
+  // Rounds closed and being aggregated, with their verdict.
+  struct Closing {
+    v1::BestRecord best;
+    std::optional<double> input_score;
+  };
+  std::map<uint32_t, Closing> aggregating_;
+  std::optional<Training> training_;
+  uint64_t next_training_ = 1;
+  std::shared_ptr<const Model> current_global_;
+  std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_;
+  v1::SiteCounters counters_;
+  RoundCounters closed_rounds_;
+  std::map<std::string, double> metrics_;
+  std::string last_error_;
+  absl::Time last_error_time_ = absl::InfinitePast();
+  uint64_t status_version_ = 0;
+
+  std::map<CallId, Call> calls_;
+  CallId next_call_ = 1;
+  std::map<TimerId, Timer> timers_;
+  TimerId next_timer_ = 1;
+  PersistId next_persist_ = 1;
+  std::map<uint32_t, Scatter> scatters_;
+  std::map<RequestId, Held> held_;
+  std::map<uint64_t, Broadcast> broadcasts_;
+  uint64_t next_broadcast_ = 1;
+  // Final models being written, and the requests waiting for them.
+  struct PendingFinal {
+    RequestId request = 0;
+    v1::ModelHeader header;
+    std::shared_ptr<const Model> model;
+  };
+  std::map<PersistId, PendingFinal> pending_finals_;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_CONTROLLER_SITE_MACHINE_H_

@@ -1,0 +1,181 @@
+// SiteMachine, the end of the job (design section 3, step 8): LAST, then
+// BEST from this site or from the holder it asks to share.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "controller/replies.h"
+#include "controller/site_machine.h"
+
+namespace swarm {
+
+namespace {
+
+std::string FormatMetric(const v1::BestRecord& best) {
+  return best.present() ? absl::StrCat(best.metric()) : "none";
+}
+
+}  // namespace
+
+void SiteMachine::FinishJob(uint32_t last_round,
+                            std::shared_ptr<const Model> last,
+                            v1::BestRecord best) {
+  if (!Active()) return;
+  SetState(v1::SITE_STATE_DISTRIBUTING);
+  Broadcast then;
+  then.then_best = true;
+  then.best = best;
+  then.last_round = last_round;
+  if (!best.present()) {
+    // No round produced a usable metric: the last model is also the best.
+    then.best_model = last;
+  } else if (best.site() == options_.site) {
+    then.best_model = best_model_;
+  }
+  SWARM_LOG_INFO("job %s: finishing; best %s from %s (round %d)", job_->id(),
+                 FormatMetric(best), best.present() ? best.site() : "-",
+                 best.round());
+  // LAST first: it carries the final best record from this site, the one
+  // every site trusts for it, so that a BEST from another holder is then
+  // accepted on the strength of each site's own record (AdmitStream).
+  BroadcastFinal(v1::MODEL_KIND_LAST, std::move(last), last_round, best,
+                 std::move(then));
+}
+
+void SiteMachine::BroadcastFinal(v1::ModelKind kind,
+                                 std::shared_ptr<const Model> model,
+                                 uint32_t round, v1::BestRecord best,
+                                 Broadcast then) {
+  v1::ModelHeader header = BaseHeader(kind, round);
+  *header.mutable_best() = best;
+  auto& metadata = *header.mutable_metadata();
+  metadata["job"] = job_->id();
+  metadata["round"] = absl::StrCat(round);
+  metadata["kind"] = kind == v1::MODEL_KIND_BEST ? "best" : "last";
+  metadata["source_site"] = options_.site;
+  if (kind == v1::MODEL_KIND_BEST && best.present()) {
+    metadata["metric_name"] = job_->config().metric_name();
+    metadata["metric"] = absl::StrCat(best.metric());
+    metadata["best_site"] = best.site();
+  }
+  const uint64_t id = next_broadcast_++;
+  then.kind = kind;
+  then.left = job_->config().sites_size();
+  broadcasts_[id] = std::move(then);
+  for (const v1::SiteInfo& site : job_->config().sites()) {
+    PeerMessage message;
+    message.kind = CallKind::kFinalResult;
+    message.header = header;
+    message.model = model;
+    message.timeout = job_->final_result_ack_timeout();
+    Call call;
+    call.purpose = Call::Purpose::kFinal;
+    call.round = round;
+    call.broadcast = id;
+    Send(site.name(), std::move(message), call);
+  }
+}
+
+void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
+  absl::Status status =
+      e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
+  auto it = broadcasts_.find(call.broadcast);
+  if (it == broadcasts_.end()) return;
+  Broadcast& broadcast = it->second;
+  if (!status.ok() && broadcast.first_error.ok()) {
+    broadcast.first_error = absl::Status(
+        status.code(), absl::StrCat(call.target, ": ", status.message()));
+  }
+  if (--broadcast.left > 0) return;
+  Broadcast done = std::move(broadcast);
+  broadcasts_.erase(it);
+  if (!done.first_error.ok()) {
+    ReportError(done.kind == v1::MODEL_KIND_LAST ? "distributing LAST"
+                                                 : "distributing BEST",
+                done.first_error);
+  }
+  if (done.kind == v1::MODEL_KIND_LAST && done.then_best) AfterLast(done);
+}
+
+void SiteMachine::AfterLast(Broadcast& done) {
+  const v1::BestRecord& best = done.best;
+  if (done.best_model != nullptr) {
+    BroadcastFinal(v1::MODEL_KIND_BEST, done.best_model,
+                   best.present() ? best.round() : done.last_round, best,
+                   Broadcast());
+    return;
+  }
+  if (job_->Site(best.site()) == nullptr) {
+    return ReportError("distributing BEST",
+                       absl::NotFoundError(absl::StrCat(
+                           "best holder ", best.site(), " is not a site")));
+  }
+  PeerMessage message;
+  message.kind = CallKind::kShareBest;
+  message.share_best.set_job_id(job_->id());
+  message.share_best.set_sender(options_.site);
+  *message.share_best.mutable_best() = best;
+  for (const v1::SiteInfo& site : job_->config().sites()) {
+    message.share_best.add_targets(site.name());
+  }
+  message.timeout = job_->final_result_ack_timeout();
+  Call call;
+  call.purpose = Call::Purpose::kShareBest;
+  call.round = best.round();
+  Send(best.site(), std::move(message), call);
+}
+
+void SiteMachine::OnShareBest(event::ShareBest& e) {
+  const v1::ShareBestRequest& request = e.share;
+  absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
+  if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
+  if (request.sender() != job_->LastRoundAggregator()) {
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("only the last round's aggregator ",
+                                        job_->LastRoundAggregator(),
+                                        " may ask to share the best model, "
+                                        "not ",
+                                        request.sender())));
+  }
+  if (best_model_ == nullptr || best_model_round_ != request.best().round()) {
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("site ", options_.site,
+                                        " does not hold the best model of "
+                                        "round ",
+                                        request.best().round())));
+  }
+  // The holder distributes BEST itself; the reply does not wait for it.
+  BroadcastFinal(v1::MODEL_KIND_BEST, best_model_, request.best().round(),
+                 request.best(), Broadcast());
+  Reply(e.request, MakeReply(v1::OUTCOME_OK, "sharing the best model"));
+}
+
+v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
+                                   std::shared_ptr<const Model> model) {
+  finals_[header.kind()] = model;
+  record_.final_rounds[header.kind()] = header.round();
+  // The record is taken only from the last round's aggregator (who closed
+  // the last round and so knows the final best); a BEST from the holder
+  // carries the record this site already has (AdmitStream checked it).
+  if (header.sender() == job_->LastRoundAggregator() ||
+      header.sender() == options_.site) {
+    record_.best = header.best();
+  }
+  PermissionMayChange();
+  SWARM_LOG_INFO("job %s: %s model of round %d received from %s",
+                 header.job_id(),
+                 header.kind() == v1::MODEL_KIND_BEST ? "BEST" : "LAST",
+                 header.round(), header.sender());
+  if (finals_.count(v1::MODEL_KIND_BEST) > 0 &&
+      finals_.count(v1::MODEL_KIND_LAST) > 0 && !IsTerminal(record_.state)) {
+    SetState(v1::SITE_STATE_DONE);
+    PersistState();
+    SWARM_LOG_INFO("job %s: done (best metric %s)", header.job_id(),
+                   FormatMetric(record_.best));
+  }
+  return MakeReply(v1::OUTCOME_OK, "stored");
+}
+
+}  // namespace swarm
