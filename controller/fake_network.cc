@@ -162,9 +162,8 @@ void FakeNetwork::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
-    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return in_flight_ == 0;
-    };
+    auto idle = [this]()
+                    ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
     mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30));
     pool = std::move(pool_);
   }
@@ -325,8 +324,9 @@ void FakeNetwork::DeliverStream(
     chunk_size = chunk_size_ != 0 ? chunk_size_ : kMinChunkSize;
   }
   // A failed result has no body: an empty model, as GrpcPeerTransport sends.
-  std::shared_ptr<const Model> model =
-      message.model != nullptr ? message.model : std::make_shared<const Model>();
+  std::shared_ptr<const Model> model = message.model != nullptr
+                                           ? message.model
+                                           : std::make_shared<const Model>();
   absl::StatusOr<std::unique_ptr<Chunker>> created =
       Chunker::Create(model, message.header, chunk_size);
   if (!created.ok()) return answered(created.status());
@@ -348,33 +348,33 @@ void FakeNetwork::DeliverStream(
     answered(std::move(peer));
   };
   // The body, after its transfer time.
-  At(Now() + call->transfer, [this, call, chunker, receiver, answered,
-                              finished] {
-    Assembler* assembler = receiver->assembler();
-    if (!Reachable(call->record)) {
-      // The connection broke mid-stream: the target's read fails.
-      const absl::Status broken =
-          Unavailable(call->record, "connection lost mid-stream");
-      if (assembler != nullptr) assembler->Abort(broken);
-      receiver->Finish(broken, [](v1::Reply) {});
-      return answered(broken);
-    }
-    absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
-    if (assembler != nullptr) {
-      absl::Status fed;
-      while (fed.ok()) {
-        std::optional<ChunkRef> chunk = chunker->NextChunk();
-        if (!chunk.has_value()) {
-          fed = assembler->OnTrailer(chunker->Trailer());
-          break;
-        }
-        fed = assembler->OnChunk(chunk->tensor_index, chunk->offset,
-                                 chunk->data);
-      }
-      body = assembler->Finish();
-    }
-    receiver->Finish(std::move(body), finished);
-  });
+  At(Now() + call->transfer,
+     [this, call, chunker, receiver, answered, finished] {
+       Assembler* assembler = receiver->assembler();
+       if (!Reachable(call->record)) {
+         // The connection broke mid-stream: the target's read fails.
+         const absl::Status broken =
+             Unavailable(call->record, "connection lost mid-stream");
+         if (assembler != nullptr) assembler->Abort(broken);
+         receiver->Finish(broken, [](v1::Reply) {});
+         return answered(broken);
+       }
+       absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
+       if (assembler != nullptr) {
+         absl::Status fed;
+         while (fed.ok()) {
+           std::optional<ChunkRef> chunk = chunker->NextChunk();
+           if (!chunk.has_value()) {
+             fed = assembler->OnTrailer(chunker->Trailer());
+             break;
+           }
+           fed = assembler->OnChunk(chunk->tensor_index, chunk->offset,
+                                    chunk->data);
+         }
+         body = assembler->Finish();
+       }
+       receiver->Finish(std::move(body), finished);
+     });
 }
 
 void FakeNetwork::Answer(std::shared_ptr<Call> call,

@@ -166,7 +166,7 @@ class FakeNetwork {
   SiteDriver* Target(const std::string& name) const;
   void At(absl::Time when, std::function<void()> step);
 
-  ManualRunner* const manual_;               // Virtual time, or null.
+  ManualRunner* const manual_;  // Virtual time, or null.
   mutable absl::Mutex mu_;
   std::unique_ptr<ThreadPoolRunner> pool_ ABSL_GUARDED_BY(mu_);  // Threads.
   std::map<std::string, SiteDriver*> sites_ ABSL_GUARDED_BY(mu_);

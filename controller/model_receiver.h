@@ -53,7 +53,9 @@ class ModelReceiver {
   // Where the body's frames go; null when the header itself was malformed
   // (then call Finish with any status: the header's error wins).
   // REQUIRES: Begin returned OK and !answered().
-  Assembler* assembler() { return header_error_.ok() ? assembler_.get() : nullptr; }
+  Assembler* assembler() {
+    return header_error_.ok() ? assembler_.get() : nullptr;
+  }
 
   // Hands the assembled model (`model`: the assembler's Finish(), or why
   // the stream broke) to the site; `done` gets its reply, now or later.

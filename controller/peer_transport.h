@@ -29,8 +29,7 @@ class PeerTransport {
   // Sends `message` to site `to`. `done` runs exactly once, on a thread of
   // the transport's choosing (never inside Send itself), with no lock of the
   // caller's held.
-  virtual void Send(const v1::SiteInfo& to, PeerMessage message,
-                    Done done) = 0;
+  virtual void Send(const v1::SiteInfo& to, PeerMessage message, Done done) = 0;
 };
 
 }  // namespace swarm

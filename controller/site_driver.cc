@@ -1,3 +1,6 @@
+// SiteDriver: stepping the machine and carrying out its effects (sends with
+// retries, the loopback, training, timers, ordered writes). The calls it
+// takes from servers and operators are in site_driver_calls.cc.
 #include "controller/site_driver.h"
 
 #include <algorithm>
@@ -170,8 +173,8 @@ void SiteDriver::CarrySend(effect::Send& send) {
   }
   if (shared->to.address().empty()) {
     CallDone(shared->call,
-             absl::NotFoundError(absl::StrCat(shared->to.name(),
-                                              " is not a site of the job")));
+             absl::NotFoundError(
+                 absl::StrCat(shared->to.name(), " is not a site of the job")));
     return;
   }
   Attempt(std::move(shared), 1, false);
@@ -225,8 +228,7 @@ void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
   };
   switch (message.kind) {
     case CallKind::kRequestToSubmit: {
-      const absl::Time hold =
-          runner_->Now() + message.timeout - kHoldMargin;
+      const absl::Time hold = runner_->Now() + message.timeout - kHoldMargin;
       RequestToSubmit(message.permission, hold,
                       [this, call](v1::SubmitPermissionReply reply) {
                         PeerReply peer;
@@ -328,9 +330,8 @@ void SiteDriver::Write(effect::Persist& persist) {
       status = store_->SaveState(persist.state);
       break;
     case effect::Persist::What::kGlobal:
-      status = store_->SaveGlobal(persist.job_id, persist.round,
-                                  *persist.model, persist.metadata,
-                                  persist.keep_round);
+      status = store_->SaveGlobal(persist.job_id, persist.round, *persist.model,
+                                  persist.metadata, persist.keep_round);
       break;
     case effect::Persist::What::kFinal:
       status = store_->SaveFinal(persist.job_id, persist.kind, *persist.model,
@@ -344,170 +345,6 @@ void SiteDriver::Write(effect::Persist& persist) {
     Feed(event::PersistDone{persist.persist, status,
                             std::string(PersistName(persist.what))});
   }
-}
-
-// ---------------------------------------------------------------------------
-// Operator calls
-
-v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
-  v1::JobConfig job = WithDefaults(request.job());
-  absl::MutexLock configuring(&configure_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    bool already = false;
-    std::optional<v1::Reply> early = machine_.CheckConfigure(job, &already);
-    if (early.has_value()) return *early;
-  }
-  // The job's learner_params override the site's; a bad one refuses the job.
-  absl::Status learner =
-      learner_->ConfigureForJob(std::map<std::string, std::string>(
-          job.learner_params().begin(), job.learner_params().end()));
-  if (!learner.ok()) {
-    return MakeReply(v1::OUTCOME_BAD_REQUEST,
-                     absl::StrCat("learner_params: ", learner.message()));
-  }
-  absl::Status saved = store_->SaveJobConfig(job);
-  if (!saved.ok()) {
-    return MakeReply(v1::OUTCOME_REJECTED,
-                     absl::StrCat("cannot store the job: ", saved.message()));
-  }
-  const RequestId id = NewRequest();
-  std::string offload_dir = store_->OffloadDir(job.job_id());
-  return Ask(event::Configure{id, std::move(job), std::move(offload_dir)}, id);
-}
-
-v1::Reply SiteDriver::Start(const v1::StartRequest& request) {
-  const RequestId id = NewRequest();
-  return Ask(event::Start{id, request}, id);
-}
-
-v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {
-  const RequestId id = NewRequest();
-  return Ask(event::Abort{id, request}, id);
-}
-
-v1::StatusReply SiteDriver::Status() const {
-  absl::MutexLock lock(&mu_);
-  return machine_.Status();
-}
-
-v1::StatusReply SiteDriver::WaitForStatusChange(uint64_t known_version,
-                                                absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
-  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return machine_.status_version() != known_version;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-  return machine_.Status();
-}
-
-void SiteDriver::WhenStatusChanges(uint64_t known_version, absl::Time deadline,
-                                   std::function<void()> wake) {
-  absl::MutexLock lock(&mu_);
-  if (machine_.status_version() != known_version) {
-    runner_->Post(std::move(wake));
-    return;
-  }
-  runner_->PostAt(deadline, wake);
-  status_waiters_.push_back(std::move(wake));
-}
-
-std::optional<v1::JobConfig> SiteDriver::job() const {
-  absl::MutexLock lock(&mu_);
-  if (machine_.job() == nullptr) return std::nullopt;
-  return machine_.job()->config();
-}
-
-// ---------------------------------------------------------------------------
-// Peer calls
-
-absl::StatusOr<ModelAdmission> SiteDriver::AdmitModel(
-    const v1::ModelHeader& header) {
-  const RequestId id = NewRequest();
-  absl::StatusOr<ModelAdmission> admission =
-      absl::InternalError("no admission from the site");
-  Feed(event::ModelHeader{id, header}, id, [&admission](effect::Reply& r) {
-    admission =
-        std::get<absl::StatusOr<ModelAdmission>>(std::move(r.answer));
-  });
-  Forget(id);  // Answered in the step (the answer refers to this frame).
-  return admission;
-}
-
-void SiteDriver::OnModel(const v1::ModelHeader& header,
-                         absl::StatusOr<Model> model, ReplyDone done) {
-  event::ModelBody body;
-  body.request = NewRequest();
-  body.header = header;
-  if (model.ok()) {
-    body.model = std::make_shared<const Model>(std::move(*model));
-  } else {
-    body.model = model.status();
-  }
-  const RequestId id = body.request;
-  Feed(std::move(body), id, [done = std::move(done)](effect::Reply& r) {
-    done(std::get<v1::Reply>(std::move(r.answer)));
-  });
-}
-
-v1::Reply SiteDriver::OnModelAndWait(const v1::ModelHeader& header,
-                                     absl::StatusOr<Model> model,
-                                     absl::Time deadline) {
-  struct Slot {
-    absl::Mutex mu;
-    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
-  };
-  auto slot = std::make_shared<Slot>();
-  OnModel(header, std::move(model), [slot](v1::Reply reply) {
-    absl::MutexLock lock(&slot->mu);
-    slot->reply = std::move(reply);
-  });
-  absl::MutexLock lock(&slot->mu);
-  auto answered = [&slot]() ABSL_SHARED_LOCKS_REQUIRED(slot->mu) {
-    return slot->reply.has_value();
-  };
-  if (!slot->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
-    return MakeReply(v1::OUTCOME_RETRY,
-                     "the site did not store the model in time");
-  }
-  return *slot->reply;
-}
-
-RequestId SiteDriver::RequestToSubmit(
-    const v1::SubmitPermissionRequest& request, absl::Time hold_until,
-    PermissionDone done) {
-  const RequestId id = NewRequest();
-  Feed(event::PermissionAsked{id, request, hold_until}, id,
-       [done = std::move(done)](effect::Reply& r) {
-         done(std::get<v1::SubmitPermissionReply>(std::move(r.answer)));
-       });
-  return id;
-}
-
-void SiteDriver::CancelRequest(RequestId request) {
-  Feed(event::RequestCancelled{request});
-  absl::MutexLock lock(&mu_);
-  answers_.erase(request);
-}
-
-v1::Reply SiteDriver::ShareBest(const v1::ShareBestRequest& request) {
-  const RequestId id = NewRequest();
-  return Ask(event::ShareBest{id, request}, id);
-}
-
-absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::ModelForFetch(
-    const v1::FetchModelRequest& request) const {
-  absl::StatusOr<FetchSource> source;
-  {
-    absl::MutexLock lock(&mu_);
-    source = machine_.ModelForFetch(request);
-  }
-  if (!source.ok()) return source.status();
-  if (source->model != nullptr) return source->model;
-  if (source->round.has_value()) {
-    return store_->LoadRound(request.job_id(), *source->round);
-  }
-  return store_->LoadFinal(request.job_id(), source->final_kind);
 }
 
 }  // namespace swarm

@@ -1,7 +1,8 @@
-// SiteMachine: Step, the shared helpers, the operator's events and the
-// queries. The roles live beside it: site_machine_trainer.cc (scatter,
-// training, submission), site_machine_aggregator.cc (the rounds this site
-// gathers) and site_machine_finale.cc (BEST and LAST).
+// SiteMachine: Step, the shared helpers and the operator's events; the
+// queries are in site_machine_queries.cc. The roles live beside it:
+// site_machine_trainer.cc (scatter, training, submission),
+// site_machine_aggregator.cc (the rounds this site gathers) and
+// site_machine_finale.cc (BEST and LAST).
 #include "controller/site_machine.h"
 
 #include <algorithm>
@@ -13,44 +14,6 @@
 #include "controller/replies.h"
 
 namespace swarm {
-
-absl::string_view CallKindName(CallKind kind) {
-  switch (kind) {
-    case CallKind::kLearnTask:
-      return "LearnTask";
-    case CallKind::kRequestToSubmit:
-      return "RequestToSubmit";
-    case CallKind::kSubmitResult:
-      return "SubmitResult";
-    case CallKind::kShareBest:
-      return "ShareBest";
-    case CallKind::kFinalResult:
-      return "FinalResult";
-  }
-  return "unknown";
-}
-
-uint32_t PeerMessage::round() const {
-  switch (kind) {
-    case CallKind::kRequestToSubmit:
-      return permission.round();
-    case CallKind::kShareBest:
-      return share_best.best().round();
-    default:
-      return header.round();
-  }
-}
-
-const std::string& PeerMessage::sender() const {
-  switch (kind) {
-    case CallKind::kRequestToSubmit:
-      return permission.sender();
-    case CallKind::kShareBest:
-      return share_best.sender();
-    default:
-      return header.sender();
-  }
-}
 
 SiteMachine::SiteMachine(SiteMachineOptions options)
     : options_(std::move(options)) {
@@ -76,10 +39,8 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
         if constexpr (std::is_same_v<E, event::ShareBest>) OnShareBest(e);
         if constexpr (std::is_same_v<E, event::CallDone>) OnCallDone(e);
         if constexpr (std::is_same_v<E, event::TimerFired>) OnTimerFired(e);
-        if constexpr (std::is_same_v<E, event::TrainingDone>)
-          OnTrainingDone(e);
-        if constexpr (std::is_same_v<E, event::InitialModel>)
-          OnInitialModel(e);
+        if constexpr (std::is_same_v<E, event::TrainingDone>) OnTrainingDone(e);
+        if constexpr (std::is_same_v<E, event::InitialModel>) OnInitialModel(e);
         if constexpr (std::is_same_v<E, event::AggregationDone>)
           OnAggregationDone(e);
         if constexpr (std::is_same_v<E, event::PersistDone>) OnPersistDone(e);
@@ -203,14 +164,14 @@ v1::ModelHeader SiteMachine::BaseHeader(v1::ModelKind kind,
 AssemblerOptions SiteMachine::AssemblerFor(v1::ModelKind kind) const {
   AssemblerOptions assembler;
   assembler.limits = options_.limits;
-  assembler.limits.max_model_bytes = std::min(
-      assembler.limits.max_model_bytes, job_->config().max_model_bytes());
+  assembler.limits.max_model_bytes = std::min(assembler.limits.max_model_bytes,
+                                              job_->config().max_model_bytes());
   assembler.expected_kind = kind;
   return assembler;
 }
 
-CallId SiteMachine::Send(const std::string& to, PeerMessage message,
-                         Call call, bool retry, absl::Time retry_until) {
+CallId SiteMachine::Send(const std::string& to, PeerMessage message, Call call,
+                         bool retry, absl::Time retry_until) {
   const CallId id = next_call_++;
   effect::Send send;
   send.call = id;
@@ -249,32 +210,6 @@ v1::SiteCounters SiteMachine::Counters() const {
 
 // ---------------------------------------------------------------------------
 // Operator events
-
-std::optional<v1::Reply> SiteMachine::CheckConfigure(const v1::JobConfig& job,
-                                                     bool* already) const {
-  *already = false;
-  absl::Status valid = ValidateJobConfig(job);
-  if (!valid.ok()) {
-    return MakeReply(v1::OUTCOME_BAD_REQUEST,
-                     absl::StrCat("invalid job config: ", valid.message()));
-  }
-  if (FindSite(job, options_.site) == nullptr) {
-    return MakeReply(v1::OUTCOME_BAD_REQUEST,
-                     absl::StrCat("site ", options_.site,
-                                  " is not a site of job ", job.job_id()));
-  }
-  if (job_ != nullptr && record_.started && !IsTerminal(record_.state)) {
-    // A running job keeps its learner: refuse before touching it.
-    if (job_->config().SerializeAsString() == job.SerializeAsString()) {
-      *already = true;
-      return MakeReply(v1::OUTCOME_OK, "already configured with this job");
-    }
-    return MakeReply(
-        v1::OUTCOME_REJECTED,
-        absl::StrCat("site ", options_.site, " is running job ", job_->id()));
-  }
-  return std::nullopt;
-}
 
 void SiteMachine::OnConfigure(event::Configure& e) {
   EndActivity();
@@ -317,9 +252,9 @@ void SiteMachine::OnStart(event::Start& e) {
                                         ", not ", options_.site)));
   }
   if (record_.started) {
-    return Reply(e.request,
-                 MakeReply(v1::OUTCOME_REJECTED,
-                           absl::StrCat("job ", job_->id(), " already started")));
+    return Reply(e.request, MakeReply(v1::OUTCOME_REJECTED,
+                                      absl::StrCat("job ", job_->id(),
+                                                   " already started")));
   }
   record_.started = true;
   PermissionMayChange();
@@ -344,9 +279,9 @@ void SiteMachine::OnAbort(event::Abort& e) {
                            absl::StrCat("job already ",
                                         v1::SiteState_Name(record_.state))));
   }
-  last_error_ = absl::StrCat("aborted by ", e.abort.sender(),
-                             e.abort.reason().empty() ? "" : ": ",
-                             e.abort.reason());
+  last_error_ =
+      absl::StrCat("aborted by ", e.abort.sender(),
+                   e.abort.reason().empty() ? "" : ": ", e.abort.reason());
   last_error_time_ = now_;
   record_.state = v1::SITE_STATE_ABORTED;
   EndActivity();  // Aggregators remove their offload files.
@@ -394,13 +329,15 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
   switch (header.kind()) {
     case v1::MODEL_KIND_LEARN_TASK:
-      if (!e.model.ok()) return Reply(e.request, ReplyFromStatus(e.model.status()));
+      if (!e.model.ok())
+        return Reply(e.request, ReplyFromStatus(e.model.status()));
       return Reply(e.request, AcceptLearnTask(header, *e.model));
     case v1::MODEL_KIND_RESULT:
       return Reply(e.request, OnResult(header, e.model));
     case v1::MODEL_KIND_BEST:
     case v1::MODEL_KIND_LAST: {
-      if (!e.model.ok()) return Reply(e.request, ReplyFromStatus(e.model.status()));
+      if (!e.model.ok())
+        return Reply(e.request, ReplyFromStatus(e.model.status()));
       // Written first; stored in the record (and answered) once on disk.
       effect::Persist persist;
       persist.what = effect::Persist::What::kFinal;
@@ -495,65 +432,6 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
       }
       return;
   }
-}
-
-// ---------------------------------------------------------------------------
-// Queries
-
-v1::StatusReply SiteMachine::Status() const {
-  v1::StatusReply reply;
-  v1::SiteStatus* status = reply.mutable_status();
-  status->set_site(options_.site);
-  if (job_ != nullptr) {
-    status->set_job_id(job_->id());
-    status->mutable_role()->set_trainer(IsTrainer(options_.site));
-  }
-  status->set_state(record_.state);
-  status->mutable_role()->set_aggregator(record_.round_aggregator ==
-                                         options_.site);
-  status->set_round(record_.last_task_round.value_or(
-      job_ != nullptr ? job_->first_round() : 0));
-  status->set_aggregator(record_.round_aggregator);
-  *status->mutable_best() = record_.best;
-  *status->mutable_counters() = Counters();
-  status->set_last_error(last_error_);
-  if (last_error_time_ != absl::InfinitePast()) {
-    status->set_last_error_time_ms(absl::ToUnixMillis(last_error_time_));
-  }
-  for (const auto& [name, value] : metrics_) {
-    (*status->mutable_metrics())[name] = value;
-  }
-  reply.set_version(status_version_);
-  return reply;
-}
-
-absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
-    const v1::FetchModelRequest& request) const {
-  absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
-  if (!job.ok()) return job;
-  FetchSource source;
-  switch (request.which()) {
-    case v1::MODEL_SELECTOR_BEST:
-      source.final_kind = v1::MODEL_KIND_BEST;
-      break;
-    case v1::MODEL_SELECTOR_LAST:
-      source.final_kind = v1::MODEL_KIND_LAST;
-      break;
-    case v1::MODEL_SELECTOR_CURRENT:
-      if (current_global_ == nullptr) {
-        return absl::NotFoundError("no global model yet");
-      }
-      source.model = current_global_;
-      return source;
-    case v1::MODEL_SELECTOR_ROUND:
-      source.round = request.round();
-      return source;
-    default:
-      return absl::InvalidArgumentError("unknown model selector");
-  }
-  auto it = finals_.find(source.final_kind);
-  if (it != finals_.end()) source.model = it->second;
-  return source;
 }
 
 }  // namespace swarm

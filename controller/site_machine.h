@@ -13,9 +13,9 @@
 //   can. Report every Send's end as exactly one kCallDone, every
 //   StartTraining's end as one kTrainingDone (unless cancelled), every
 //   RunAggregation as one kAggregationDone, every Persist with `notify` (or
-//   that failed) as one kPersistDone, every LoadInitialModel as one kInitialModel, and every
-//   SetTimer as one kTimerFired at or after its time (a timer the machine no
-//   longer needs is ignored when it fires).
+//   that failed) as one kPersistDone, every LoadInitialModel as one
+//   kInitialModel, and every SetTimer as one kTimerFired at or after its time
+//   (a timer the machine no longer needs is ignored when it fires).
 // - Answer every incoming call exactly once, with the Reply effect carrying
 //   its request id (which may come in a later Step: a held permission
 //   request, a final model whose file is being written).
@@ -358,8 +358,7 @@ class SiteMachine {
   v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const;
   AssemblerOptions AssemblerFor(v1::ModelKind kind) const;
   CallId Send(const std::string& to, PeerMessage message, Call call,
-              bool retry = true,
-              absl::Time retry_until = absl::InfinitePast());
+              bool retry = true, absl::Time retry_until = absl::InfinitePast());
   TimerId SetTimer(absl::Time when, Timer timer);
   void Reply(RequestId request, v1::Reply reply);
   v1::SiteCounters Counters() const;

@@ -65,10 +65,10 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
                                       const event::CallDone& e) {
   const absl::Status status = ReplyStatus(e);
   if (!status.ok()) {
-    ReportError(absl::StrCat("round ", call.round, ": learn task to ",
-                             call.target,
-                             " not acknowledged; not waiting for it"),
-                status);
+    ReportError(
+        absl::StrCat("round ", call.round, ": learn task to ", call.target,
+                     " not acknowledged; not waiting for it"),
+        status);
   }
   auto it = scatters_.find(call.round);
   if (it == scatters_.end()) return;
@@ -120,8 +120,7 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
     return;
   }
   if (call.target == options_.site) {
-    return Fail(absl::StrCat("round ", call.round, ": own learn task"),
-                status);
+    return Fail(absl::StrCat("round ", call.round, ": own learn task"), status);
   }
   // Failover to a backup aggregator is the resilience issue's; for now the
   // job cannot continue without this round's aggregator.
@@ -277,8 +276,8 @@ void SiteMachine::OnPermissionReply(const Call& call,
           e.reply.status());
     }
     ReportError(
-        absl::StrCat("round ", task.round, ": gave up asking ",
-                     task.aggregator, " to submit"),
+        absl::StrCat("round ", task.round, ": gave up asking ", task.aggregator,
+                     " to submit"),
         absl::DeadlineExceededError("request_to_submit_max_wait passed"));
     training_.reset();
     SetState(v1::SITE_STATE_IDLE);
@@ -295,11 +294,9 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
   if (!training_.has_value() || training_->round != call.round) return;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
-    SWARM_LOG_INFO("round %d: result submitted to %s", call.round,
-                   call.target);
+    SWARM_LOG_INFO("round %d: result submitted to %s", call.round, call.target);
     training_.reset();
-    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE
-                             : v1::SITE_STATE_GATHERING);
+    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
     return;
   }
   ReportError(

@@ -41,8 +41,7 @@ std::shared_ptr<grpc::Channel> PeerChannels::Get(const std::string& address) {
   return channel;
 }
 
-GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels,
-                                     TaskRunner* runner,
+GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
                                      absl::Duration unary_timeout)
     : channels_(channels), runner_(runner), unary_timeout_(unary_timeout) {}
 
@@ -81,11 +80,10 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
   if (message.is_model_stream()) {
     runner_->Post([this, to, message = std::move(message), timeout,
                    done = std::move(done)] {
-      const char* method = message.kind == CallKind::kLearnTask
-                               ? "LearnTask"
-                               : message.kind == CallKind::kSubmitResult
-                                     ? "SubmitResult"
-                                     : "FinalResult";
+      const char* method = message.kind == CallKind::kLearnTask ? "LearnTask"
+                           : message.kind == CallKind::kSubmitResult
+                               ? "SubmitResult"
+                               : "FinalResult";
       absl::StatusOr<v1::Reply> reply =
           StreamModel(to, method, message.header, message.model, timeout);
       if (!reply.ok()) return done(reply.status());

@@ -189,8 +189,7 @@ void PeerService::ReleaseSlot(const std::string& peer) {
 
 PeerService::~PeerService() = default;
 
-PeerService::PeerService(SiteDriver* controller,
-                         PeerServiceOptions options)
+PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
     : controller_(controller),
       options_(std::move(options)),
       watchdog_(std::make_unique<StreamWatchdog>()) {

@@ -17,16 +17,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/substitute.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "controller/task_runner.h"
-#include "rpc/peer_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/swarm.grpc.pb.h"
 #include "model/model.h"
+#include "proto/swarm.grpc.pb.h"
+#include "rpc/peer_client.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {

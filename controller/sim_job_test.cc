@@ -1,0 +1,232 @@
+// Simulated whole jobs: shapes of swarm and how rounds close.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "controller/fake_network.h"
+#include "controller/sim_expect.h"
+#include "controller/sim_harness.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace swarm {
+namespace sim {
+namespace {
+
+TEST(SimTest, ThirtyTwoSitesCompleteTenRounds) {
+  // 16 sites with 1 sample and 16 with 3: 64 in all, a power of two.
+  Sim sim(Config(32, 10));
+  sim.RunJob();
+
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    EXPECT_EQ(status.last_error(), "") << Sim::Name(i);
+    EXPECT_LE(status.counters().max_submissions_in_flight(), 1u);
+    EXPECT_EQ(status.counters().rounds_trained(), 10u) << Sim::Name(i);
+    EXPECT_TRUE(status.best().present());
+    EXPECT_EQ(status.best().round(), kBestRound);
+    EXPECT_EQ(status.best().site(), sim.Aggregator(kBestRound));
+    EXPECT_EQ(status.best().metric(), ScriptedMetrics().at(kBestRound));
+  }
+  const auto globals = ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, all);
+  ExpectElectedAggregators(sim);
+  ExpectSameFinals(sim, all, globals, kBestRound);
+
+  // Results accepted: every trainer in every round, nothing refused.
+  uint64_t accepted = 0;
+  uint64_t rejected = 0;
+  std::set<std::string> aggregators;
+  for (int i : all) {
+    accepted += sim.Status(i).counters().results_accepted();
+    rejected += sim.Status(i).counters().results_rejected();
+  }
+  for (uint32_t round = 0; round < 10; ++round) {
+    aggregators.insert(sim.Aggregator(round));
+  }
+  EXPECT_EQ(accepted, 32u * 10u);
+  EXPECT_EQ(rejected, 0u);
+  EXPECT_GT(aggregators.size(), 1u) << "the election never varied";
+  // The holder of BEST shared it when it was not the last aggregator.
+  if (sim.Aggregator(kBestRound) != sim.Aggregator(9)) {
+    bool shared = false;
+    for (const CallRecord& call : sim.network().Log()) {
+      shared |= call.kind == CallKind::kShareBest &&
+                call.to == sim.Aggregator(kBestRound) && call.result == "OK";
+    }
+    EXPECT_TRUE(shared);
+  }
+}
+
+TEST(SimTest, TrainerOnlyAndCandidateOnlySites) {
+  // Sites 0-3 train, sites 2-5 may aggregate: 0 and 1 are trainer-only, 4
+  // and 5 candidate-only. Weights 1, 3, 1, 3: 8.
+  Sim sim(Config(6, 5, [](v1::JobConfig* job) {
+    for (int i = 0; i < 4; ++i) job->add_trainers(Sim::Name(i));
+    for (int i = 2; i < 6; ++i) job->add_aggregator_candidates(Sim::Name(i));
+  }));
+  sim.RunJob();
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+  }
+  for (int i : {0, 1}) {
+    EXPECT_EQ(sim.Status(i).counters().rounds_completed(), 0u);
+  }
+  for (int i : {4, 5}) {
+    EXPECT_EQ(sim.learner(i).trains(), 0) << Sim::Name(i);
+    EXPECT_EQ(sim.Status(i).counters().rounds_trained(), 0u);
+  }
+  const auto globals = ExpectExactRounds(
+      sim,
+      [&](uint32_t) {
+        return std::vector<int>{0, 1, 2, 3};
+      },
+      all);
+  ExpectElectedAggregators(sim);
+  ExpectSameFinals(sim, all, globals, kBestRound);
+}
+
+TEST(SimTest, DroppedLearnTaskTrainerIsReportedAndNotWaitedFor) {
+  // Every attempt of round 1's learn task to one trainer is dropped: it
+  // does not acknowledge, so it is not in the round's expected set (design
+  // section 6): the scatterer reports it and the round closes on the last
+  // result of the others, neither at the grace time nor at the timeout.
+  // Five sites with weight 1, 1, 1, 1 and the bystander's 4: without it, 4.
+  Sim probe(Config(5, 3));
+  const int dropped = BystanderTrainer(probe);
+  ASSERT_GE(dropped, 0);
+  Sim sim(Config(5, 3, nullptr, [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == dropped ? 4 : 1;
+  }));
+  const std::string name = Sim::Name(dropped);
+  sim.network().AddFault(Calls(CallKind::kLearnTask, "", name, 1),
+                         Fault::kDrop);
+  sim.Configure();
+  sim.Start();
+  // Right after round 1's first result, the scatterer has reported it.
+  ASSERT_TRUE(sim.RunUntil([&] { return !ResultTimes(sim, 1).empty(); }));
+  const int scatterer = sim.Index(sim.Aggregator(0));
+  EXPECT_THAT(
+      sim.Status(scatterer).last_error(),
+      HasSubstr(absl::StrCat("learn task to ", name, " not acknowledged")));
+  sim.runner().RunUntilIdle();
+
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+  }
+  EXPECT_EQ(sim.learner(dropped).globals().count(1), 0u);
+  EXPECT_EQ(sim.learner(dropped).trains(), 2);
+  const std::vector<int> all = AllSites(sim);
+  ExpectExactRounds(
+      sim,
+      [&](uint32_t round) { return round == 1 ? Without(all, dropped) : all; },
+      all);
+  // Not waited for: closed with the others' last result.
+  const absl::Time closed = RoundClosedAt(sim, 1);
+  EXPECT_EQ(closed, ResultTimes(sim, 1).back());
+  EXPECT_LT(closed - RoundOpenedAt(sim, 1), absl::Seconds(10));
+}
+
+TEST(SimTest, LostLearnTaskClosesAtGraceTimeNotTimeout) {
+  // Round 1's learn task to one trainer is acknowledged and then lost (the
+  // trainer acknowledged and crashed, say): it is expected but never
+  // submits. With min_responses_required = 4 of 5, the round closes
+  // wait_after_min_responses (10 s) after the fourth result, not at the
+  // round timeout (600 s). Results take 300 ms to arrive, so the fourth
+  // arrives after the round opened.
+  Sim probe(Config(5, 3));
+  const int lost = BystanderTrainer(probe);
+  ASSERT_GE(lost, 0);
+  Sim sim(Config(
+      5, 3,
+      [](v1::JobConfig* job) {
+        job->set_min_responses_required(4);
+        job->set_max_concurrent_submissions(5);
+      },
+      [&](int i, TestLearnerOptions* options) {
+        options->sample_count = i == lost ? 4 : 1;
+      }));
+  const std::string name = Sim::Name(lost);
+  sim.network().AddFault(Calls(CallKind::kLearnTask, "", name, 1),
+                         Fault::kLoseAfterAck);
+  sim.network().AddDelay(Calls(CallKind::kSubmitResult),
+                         absl::Milliseconds(300));
+  sim.Configure();
+  sim.Start();
+  ASSERT_TRUE(sim.RunUntil([&] {
+    return FirstCall(sim, CallKind::kLearnTask, 2) != absl::InfiniteFuture();
+  }));
+  const int aggregator = sim.Index(sim.Aggregator(1));
+  EXPECT_THAT(sim.Status(aggregator).last_error(),
+              HasSubstr(absl::StrCat("no result from ", name)));
+  sim.runner().RunUntilIdle();
+
+  const absl::Time opened = RoundOpenedAt(sim, 1);
+  const std::vector<absl::Time> results = ResultTimes(sim, 1);
+  // The aggregator's own result does not cross the network.
+  const size_t remote = sim.IsTrainer(aggregator) ? 3 : 4;
+  ASSERT_EQ(results.size(), remote);
+  EXPECT_GT(results.back(), opened);
+  EXPECT_EQ(RoundClosedAt(sim, 1), results.back() + absl::Seconds(10));
+  EXPECT_LT(RoundClosedAt(sim, 1), opened + absl::Seconds(600));
+
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+  }
+  ExpectExactRounds(
+      sim,
+      [&](uint32_t round) { return round == 1 ? Without(all, lost) : all; },
+      all);
+}
+
+TEST(SimTest, BelowMinimumClosesAtRoundTimeout) {
+  // Two of five trainers lose round 1's task; the minimum (4) is never
+  // reached: the round closes exactly round_timeout after it opened, and
+  // aggregates the three results it has.
+  Sim probe(Config(5, 3));
+  const int lost = BystanderTrainer(probe);
+  ASSERT_GE(lost, 0);
+  int second = -1;
+  for (int i = 0; i < 5; ++i) {
+    if (i != lost && probe.Aggregator(1) != Sim::Name(i) &&
+        probe.job().starting_site() != Sim::Name(i)) {
+      second = i;
+    }
+  }
+  ASSERT_GE(second, 0);
+  const std::vector<int> all = AllSites(probe);
+  const std::vector<int> remaining = Without(Without(all, lost), second);
+  // Weights: 2, 1, 1 for the remaining three (4), 2 and 2 for the others
+  // (8 in all).
+  Sim sim(Config(
+      5, 3,
+      [](v1::JobConfig* job) {
+        job->set_min_responses_required(4);
+        job->set_round_timeout_ms(120'000);
+      },
+      [&](int i, TestLearnerOptions* options) {
+        options->sample_count = (i == lost || i == second) ? 2
+                                : i == remaining[0]        ? 2
+                                                           : 1;
+      }));
+  for (int i : {lost, second}) {
+    sim.network().AddFault(Calls(CallKind::kLearnTask, "", Sim::Name(i), 1),
+                           Fault::kLoseAfterAck);
+  }
+  sim.RunJob();
+  EXPECT_EQ(RoundClosedAt(sim, 1), RoundOpenedAt(sim, 1) + absl::Seconds(120));
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+  }
+  ExpectExactRounds(
+      sim, [&](uint32_t round) { return round == 1 ? remaining : all; }, all);
+}
+}  // namespace
+}  // namespace sim
+}  // namespace swarm

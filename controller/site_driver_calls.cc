@@ -1,0 +1,175 @@
+// SiteDriver: the calls it takes (operator and peer), each one event fed to
+// the machine, answered by the machine's Reply effect.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "config/job_config.h"
+#include "controller/replies.h"
+#include "controller/site_driver.h"
+
+namespace swarm {
+
+// ---------------------------------------------------------------------------
+// Operator calls
+
+v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
+  v1::JobConfig job = WithDefaults(request.job());
+  absl::MutexLock configuring(&configure_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    bool already = false;
+    std::optional<v1::Reply> early = machine_.CheckConfigure(job, &already);
+    if (early.has_value()) return *early;
+  }
+  // The job's learner_params override the site's; a bad one refuses the job.
+  absl::Status learner =
+      learner_->ConfigureForJob(std::map<std::string, std::string>(
+          job.learner_params().begin(), job.learner_params().end()));
+  if (!learner.ok()) {
+    return MakeReply(v1::OUTCOME_BAD_REQUEST,
+                     absl::StrCat("learner_params: ", learner.message()));
+  }
+  absl::Status saved = store_->SaveJobConfig(job);
+  if (!saved.ok()) {
+    return MakeReply(v1::OUTCOME_REJECTED,
+                     absl::StrCat("cannot store the job: ", saved.message()));
+  }
+  const RequestId id = NewRequest();
+  std::string offload_dir = store_->OffloadDir(job.job_id());
+  return Ask(event::Configure{id, std::move(job), std::move(offload_dir)}, id);
+}
+
+v1::Reply SiteDriver::Start(const v1::StartRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::Start{id, request}, id);
+}
+
+v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::Abort{id, request}, id);
+}
+
+v1::StatusReply SiteDriver::Status() const {
+  absl::MutexLock lock(&mu_);
+  return machine_.Status();
+}
+
+v1::StatusReply SiteDriver::WaitForStatusChange(uint64_t known_version,
+                                                absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return machine_.status_version() != known_version;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return machine_.Status();
+}
+
+void SiteDriver::WhenStatusChanges(uint64_t known_version, absl::Time deadline,
+                                   std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (machine_.status_version() != known_version) {
+    runner_->Post(std::move(wake));
+    return;
+  }
+  runner_->PostAt(deadline, wake);
+  status_waiters_.push_back(std::move(wake));
+}
+
+std::optional<v1::JobConfig> SiteDriver::job() const {
+  absl::MutexLock lock(&mu_);
+  if (machine_.job() == nullptr) return std::nullopt;
+  return machine_.job()->config();
+}
+
+// ---------------------------------------------------------------------------
+// Peer calls
+
+absl::StatusOr<ModelAdmission> SiteDriver::AdmitModel(
+    const v1::ModelHeader& header) {
+  const RequestId id = NewRequest();
+  absl::StatusOr<ModelAdmission> admission =
+      absl::InternalError("no admission from the site");
+  Feed(event::ModelHeader{id, header}, id, [&admission](effect::Reply& r) {
+    admission = std::get<absl::StatusOr<ModelAdmission>>(std::move(r.answer));
+  });
+  Forget(id);  // Answered in the step (the answer refers to this frame).
+  return admission;
+}
+
+void SiteDriver::OnModel(const v1::ModelHeader& header,
+                         absl::StatusOr<Model> model, ReplyDone done) {
+  event::ModelBody body;
+  body.request = NewRequest();
+  body.header = header;
+  if (model.ok()) {
+    body.model = std::make_shared<const Model>(std::move(*model));
+  } else {
+    body.model = model.status();
+  }
+  const RequestId id = body.request;
+  Feed(std::move(body), id, [done = std::move(done)](effect::Reply& r) {
+    done(std::get<v1::Reply>(std::move(r.answer)));
+  });
+}
+
+v1::Reply SiteDriver::OnModelAndWait(const v1::ModelHeader& header,
+                                     absl::StatusOr<Model> model,
+                                     absl::Time deadline) {
+  struct Slot {
+    absl::Mutex mu;
+    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
+  };
+  auto slot = std::make_shared<Slot>();
+  OnModel(header, std::move(model), [slot](v1::Reply reply) {
+    absl::MutexLock lock(&slot->mu);
+    slot->reply = std::move(reply);
+  });
+  absl::MutexLock lock(&slot->mu);
+  auto answered = [&slot]() ABSL_SHARED_LOCKS_REQUIRED(slot->mu) {
+    return slot->reply.has_value();
+  };
+  if (!slot->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+    return MakeReply(v1::OUTCOME_RETRY,
+                     "the site did not store the model in time");
+  }
+  return *slot->reply;
+}
+
+RequestId SiteDriver::RequestToSubmit(
+    const v1::SubmitPermissionRequest& request, absl::Time hold_until,
+    PermissionDone done) {
+  const RequestId id = NewRequest();
+  Feed(event::PermissionAsked{id, request, hold_until}, id,
+       [done = std::move(done)](effect::Reply& r) {
+         done(std::get<v1::SubmitPermissionReply>(std::move(r.answer)));
+       });
+  return id;
+}
+
+void SiteDriver::CancelRequest(RequestId request) {
+  Feed(event::RequestCancelled{request});
+  absl::MutexLock lock(&mu_);
+  answers_.erase(request);
+}
+
+v1::Reply SiteDriver::ShareBest(const v1::ShareBestRequest& request) {
+  const RequestId id = NewRequest();
+  return Ask(event::ShareBest{id, request}, id);
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::ModelForFetch(
+    const v1::FetchModelRequest& request) const {
+  absl::StatusOr<FetchSource> source;
+  {
+    absl::MutexLock lock(&mu_);
+    source = machine_.ModelForFetch(request);
+  }
+  if (!source.ok()) return source.status();
+  if (source->model != nullptr) return source->model;
+  if (source->round.has_value()) {
+    return store_->LoadRound(request.job_id(), *source->round);
+  }
+  return store_->LoadFinal(request.job_id(), source->final_kind);
+}
+
+}  // namespace swarm
