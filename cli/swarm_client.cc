@@ -18,22 +18,23 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "controller/model_store.h"
-#include "rpc/peer_client.h"
-#include "rpc/peer_service.h"
 #include "config/site_config.h"
+#include "controller/model_store.h"
 #include "controller/site_driver.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
 #include "persist/workspace.h"
-#include "security/certificates.h"
 #include "rpc/grpc_stream.h"
+#include "rpc/peer_client.h"
+#include "rpc/peer_service.h"
 #include "rpc/tls.h"
+#include "security/certificates.h"
 #include "trainerlink/external_learner.h"
 
 namespace swarm {
@@ -47,20 +48,23 @@ constexpr char kUsage[] =
     "\"/etc/swarm/site-a\",\n"
     "              \"learner\": {\"kind\": \"mlp\", \"params\": {...}}}\n";
 
-int Run(int argc, char** argv) {
+struct Flags {
   std::string config_path;
   int threads = 8;
   bool insecure = false;
+};
+
+// Parses the command line. Returns the exit code when the program should end
+// now (help, or a usage error already printed).
+std::optional<int> ParseFlags(int argc, char** argv, Flags* flags) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--insecure") {
-      insecure = true;
-      continue;
-    }
-    if (arg == "--config" && i + 1 < argc) {
-      config_path = argv[++i];
+      flags->insecure = true;
+    } else if (arg == "--config" && i + 1 < argc) {
+      flags->config_path = argv[++i];
     } else if (arg == "--threads" && i + 1 < argc) {
-      if (!absl::SimpleAtoi(argv[++i], &threads) || threads < 2) {
+      if (!absl::SimpleAtoi(argv[++i], &flags->threads) || flags->threads < 2) {
         std::fprintf(stderr,
                      "swarm-client: --threads must be an integer >= 2\n");
         return 2;
@@ -74,59 +78,158 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
-  if (config_path.empty()) {
+  if (flags->config_path.empty()) {
     std::fprintf(stderr, "swarm-client: --config is required\n%s", kUsage);
     return 2;
   }
-  absl::StatusOr<v1::SiteConfig> config = LoadSiteConfig(config_path);
+  return std::nullopt;
+}
+
+struct Credentials {
+  std::shared_ptr<grpc::ServerCredentials> server;
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+};
+
+// The site's certificate (checked against the config's name), or plaintext
+// with --insecure.
+absl::StatusOr<Credentials> LoadCredentials(const v1::SiteConfig& config,
+                                            const std::string& config_path,
+                                            bool insecure) {
+  if (insecure) {
+    SWARM_LOG_WARNING(
+        "--insecure: serving and calling peers WITHOUT TLS; anyone who can "
+        "reach this port can act as any site or admin");
+    return Credentials{grpc::InsecureServerCredentials(),
+                       grpc::InsecureChannelCredentials()};
+  }
+  if (config.tls_dir().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "site config ", config_path,
+        " has no tls_dir: provision certificates with `swarmctl provision` "
+        "and set tls_dir, or run with --insecure"));
+  }
+  absl::StatusOr<security::TlsIdentity> identity =
+      security::LoadTlsIdentity(config.tls_dir());
+  if (!identity.ok()) {
+    return absl::Status(
+        identity.status().code(),
+        absl::StrCat("TLS identity: ", identity.status().message()));
+  }
+  if (identity->name != config.name() ||
+      identity->role != security::kSiteRole) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the certificate ", config.tls_dir(), "/cert.pem is for \"",
+        identity->name, "\" (", identity->role, "), but site config ",
+        config_path, " names site \"", config.name(), "\""));
+  }
+  return Credentials{security::ServerCredentials(*identity),
+                     security::ClientCredentials(*identity)};
+}
+
+struct SiteLearners {
+  std::unique_ptr<Learner> learner;
+  // Set when learner.kind is "external" (owned by `learner`).
+  trainerlink::ExternalLearner* external = nullptr;
+};
+
+// learner.kind "external": a trainer process over the trainer link;
+// otherwise a built-in learner.
+absl::StatusOr<SiteLearners> CreateLearner(const v1::SiteConfig& config) {
+  SiteLearners result;
+  if (config.learner().kind() == "external") {
+    absl::StatusOr<std::unique_ptr<trainerlink::ExternalLearner>> created =
+        trainerlink::ExternalLearner::Create(config);
+    if (!created.ok()) return created.status();
+    result.external = created->get();
+    result.learner = std::move(*created);
+    return result;
+  }
+  absl::StatusOr<std::unique_ptr<SiteLearner>> created =
+      SiteLearner::Create(config.learner(), config.name());
+  if (!created.ok()) return created.status();
+  result.learner = std::move(*created);
+  return result;
+}
+
+// Lets the external trainer see which job runs and whether it has ended.
+void ConnectTrainerToJob(trainerlink::ExternalLearner* external,
+                         SiteDriver* controller) {
+  external->SetJobView([controller] {
+    const v1::SiteStatus status = controller->Status().status();
+    trainerlink::JobView view;
+    view.job_id = status.job_id();
+    view.ended = status.state() == v1::SITE_STATE_DONE ||
+                 status.state() == v1::SITE_STATE_FAILED ||
+                 status.state() == v1::SITE_STATE_ABORTED;
+    return view;
+  });
+}
+
+PeerServiceOptions ServiceOptionsFor(const v1::SiteConfig& config,
+                                     bool insecure) {
+  PeerServiceOptions options;
+  options.tls = !insecure;
+  if (config.max_calls_per_peer() > 0) {
+    options.max_calls_per_peer = static_cast<int>(config.max_calls_per_peer());
+  }
+  if (config.max_stream_seconds() > 0) {
+    options.max_stream_time = absl::Seconds(config.max_stream_seconds());
+  }
+  return options;
+}
+
+// Serves `service` (and the standard health service) on the config's listen
+// address; prints the port it got. Null when it cannot listen.
+std::unique_ptr<grpc::Server> StartServer(
+    const v1::SiteConfig& config,
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    PeerService* service) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen_address(), std::move(credentials),
+                           &port);
+  ApplyModelStreamArgs(&builder, AssemblerLimits());
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    SWARM_LOG_ERROR("cannot listen on %s", config.listen_address());
+    return nullptr;
+  }
+  const std::string host =
+      config.listen_address().substr(0, config.listen_address().rfind(':'));
+  SWARM_LOG_INFO("site %s listening on %s:%d (workspace %s)", config.name(),
+                 host, port, config.workspace());
+  std::printf("listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+  return server;
+}
+
+int Run(int argc, char** argv) {
+  Flags flags;
+  if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags)) {
+    return *exit_code;
+  }
+  absl::StatusOr<v1::SiteConfig> config = LoadSiteConfig(flags.config_path);
   if (!config.ok()) {
     std::fprintf(stderr, "swarm-client: %s\n",
                  std::string(config.status().message()).c_str());
     return 2;
   }
   SetLogTag(config->name());
-
-  std::shared_ptr<grpc::ServerCredentials> server_credentials;
-  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
-  if (insecure) {
-    SWARM_LOG_WARNING(
-        "--insecure: serving and calling peers WITHOUT TLS; anyone who can "
-        "reach this port can act as any site or admin");
-    server_credentials = grpc::InsecureServerCredentials();
-    channel_credentials = grpc::InsecureChannelCredentials();
-  } else {
-    if (config->tls_dir().empty()) {
-      SWARM_LOG_ERROR(
-          "site config %s has no tls_dir: provision certificates with "
-          "`swarmctl provision` and set tls_dir, or run with --insecure",
-          config_path);
-      return 2;
-    }
-    absl::StatusOr<security::TlsIdentity> identity =
-        security::LoadTlsIdentity(config->tls_dir());
-    if (!identity.ok()) {
-      SWARM_LOG_ERROR("TLS identity: %s", identity.status().message());
-      return 2;
-    }
-    if (identity->name != config->name() ||
-        identity->role != security::kSiteRole) {
-      SWARM_LOG_ERROR(
-          "the certificate %s/cert.pem is for \"%s\" (%s), but site config "
-          "%s names site \"%s\"",
-          config->tls_dir(), identity->name, identity->role, config_path,
-          config->name());
-      return 2;
-    }
-    server_credentials = security::ServerCredentials(*identity);
-    channel_credentials = security::ClientCredentials(*identity);
+  absl::StatusOr<Credentials> credentials =
+      LoadCredentials(*config, flags.config_path, flags.insecure);
+  if (!credentials.ok()) {
+    SWARM_LOG_ERROR("%s", credentials.status().message());
+    return 2;
   }
-
   // Refuse to start on a workspace this process cannot write (a read-only
   // mount, wrong owner) rather than fail in the first round.
   if (absl::Status writable =
           persist::Workspace(config->workspace()).CheckWritable();
       !writable.ok()) {
-    SWARM_LOG_ERROR("site config %s: %s", config_path, writable.message());
+    SWARM_LOG_ERROR("site config %s: %s", flags.config_path,
+                    writable.message());
     return 2;
   }
 
@@ -137,27 +240,10 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  // learner.kind "external": a trainer process over the trainer link;
-  // otherwise a built-in learner.
-  std::unique_ptr<Learner> learner;
-  trainerlink::ExternalLearner* external = nullptr;
-  if (config->learner().kind() == "external") {
-    absl::StatusOr<std::unique_ptr<trainerlink::ExternalLearner>> created =
-        trainerlink::ExternalLearner::Create(*config);
-    if (!created.ok()) {
-      SWARM_LOG_ERROR("learner: %s", created.status().message());
-      return 2;
-    }
-    external = created->get();
-    learner = std::move(*created);
-  } else {
-    absl::StatusOr<std::unique_ptr<SiteLearner>> created =
-        SiteLearner::Create(config->learner(), config->name());
-    if (!created.ok()) {
-      SWARM_LOG_ERROR("learner: %s", created.status().message());
-      return 2;
-    }
-    learner = std::move(*created);
+  absl::StatusOr<SiteLearners> learners = CreateLearner(*config);
+  if (!learners.ok()) {
+    SWARM_LOG_ERROR("learner: %s", learners.status().message());
+    return 2;
   }
   TuneMallocForModelStreams();
   WorkspaceModelStore store(config->workspace());
@@ -166,60 +252,27 @@ int Run(int argc, char** argv) {
     SWARM_LOG_WARNING("cleaning stale offload files: %s", cleaned.message());
   }
 
-  auto runner = std::make_unique<ThreadPoolRunner>(threads);
-  PeerChannels channels(channel_credentials);
+  auto runner = std::make_unique<ThreadPoolRunner>(flags.threads);
+  PeerChannels channels(credentials->channel);
   GrpcPeerTransport transport(&channels, runner.get());
   DriverOptions options;
   options.site = config->name();
-  SiteDriver controller(options, &transport, learner.get(), &store,
+  SiteDriver controller(options, &transport, learners->learner.get(), &store,
                         runner.get());
-  if (external != nullptr) {
-    external->SetJobView([&controller] {
-      const v1::SiteStatus status = controller.Status().status();
-      trainerlink::JobView view;
-      view.job_id = status.job_id();
-      view.ended = status.state() == v1::SITE_STATE_DONE ||
-                   status.state() == v1::SITE_STATE_FAILED ||
-                   status.state() == v1::SITE_STATE_ABORTED;
-      return view;
-    });
+  if (learners->external != nullptr) {
+    ConnectTrainerToJob(learners->external, &controller);
   }
-  PeerServiceOptions service_options;
-  service_options.tls = !insecure;
-  if (config->max_calls_per_peer() > 0) {
-    service_options.max_calls_per_peer =
-        static_cast<int>(config->max_calls_per_peer());
-  }
-  if (config->max_stream_seconds() > 0) {
-    service_options.max_stream_time =
-        absl::Seconds(config->max_stream_seconds());
-  }
-  PeerService service(&controller, service_options);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(config->listen_address(), server_credentials, &port);
-  ApplyModelStreamArgs(&builder, AssemblerLimits());
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    SWARM_LOG_ERROR("cannot listen on %s", config->listen_address());
-    return 1;
-  }
-  const std::string host =
-      config->listen_address().substr(0, config->listen_address().rfind(':'));
-  SWARM_LOG_INFO("site %s listening on %s:%d (workspace %s)", config->name(),
-                 host, port, config->workspace());
-  std::printf("listening on %s:%d\n", host.c_str(), port);
-  std::fflush(stdout);
+  PeerService service(&controller, ServiceOptionsFor(*config, flags.insecure));
+  std::unique_ptr<grpc::Server> server =
+      StartServer(*config, credentials->server, &service);
+  if (server == nullptr) return 1;
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   SWARM_LOG_INFO("%s received; shutting down", strsignal(signal_number));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   // Stops the trainer and ends a worker's wait for it, so the join is prompt.
-  if (external != nullptr) external->Shutdown();
+  if (learners->external != nullptr) learners->external->Shutdown();
   runner.reset();  // Joins the workers before the controller goes away.
   SWARM_LOG_INFO("stopped");
   return 0;

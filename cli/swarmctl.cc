@@ -34,13 +34,13 @@
 #include "config/job_config.h"
 #include "config/site_config.h"
 #include "config/validation.h"
+#include "model/tensor_sink.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/swarm.grpc.pb.h"
+#include "rpc/grpc_stream.h"
+#include "rpc/tls.h"
 #include "security/certificates.h"
 #include "security/provision.h"
-#include "rpc/tls.h"
-#include "rpc/grpc_stream.h"
-#include "model/tensor_sink.h"
 
 namespace swarm {
 namespace {
@@ -262,6 +262,63 @@ std::string StateName(v1::SiteState state) {
   return name;
 }
 
+// One pass over every site: the status table and how many sites are done or
+// have failed (unreachable, failed or aborted).
+struct StatusTable {
+  std::string text;
+  int done = 0;
+  int failed = 0;
+};
+
+constexpr char kStatusRow[] = "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n";
+
+std::string StatusRow(const std::string& name, const v1::SiteStatus& s) {
+  std::string role = s.role().trainer() ? "trainer" : "";
+  if (s.role().aggregator()) role += role.empty() ? "aggregator" : "+aggr";
+  const std::string best =
+      s.best().present() ? absl::StrFormat("%.4f", s.best().metric()) : "-";
+  auto accuracy = s.metrics().find("accuracy");
+  const std::string validation =
+      accuracy == s.metrics().end() ? "-"
+                                    : absl::StrFormat("%.4f", accuracy->second);
+  return absl::StrFormat(kStatusRow, name, StateName(s.state()),
+                         role.empty() ? "-" : role, absl::StrCat(s.round()),
+                         s.aggregator().empty() ? "-" : s.aggregator(),
+                         validation, best, s.last_error());
+}
+
+StatusTable PollStatus(
+    const v1::JobConfig& job,
+    const std::map<std::string, std::unique_ptr<v1::Peer::Stub>>& stubs) {
+  StatusTable table;
+  table.text = absl::StrFormat(kStatusRow, "SITE", "STATE", "ROLE", "ROUND",
+                               "AGGREGATOR", "VAL ACC", "BEST", "LAST ERROR");
+  for (const v1::SiteInfo& site : job.sites()) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(3));
+    v1::StatusRequest request;
+    request.set_job_id(job.job_id());
+    request.set_sender(Sender());
+    v1::StatusReply reply;
+    grpc::Status status =
+        stubs.at(site.name())->Status(&context, request, &reply);
+    if (!status.ok()) {
+      absl::StrAppendFormat(&table.text, kStatusRow, site.name(), "unreachable",
+                            "-", "-", "-", "-", "-", status.error_message());
+      ++table.failed;
+      continue;
+    }
+    const v1::SiteStatus& s = reply.status();
+    table.text += StatusRow(site.name(), s);
+    if (s.state() == v1::SITE_STATE_DONE) ++table.done;
+    if (s.state() == v1::SITE_STATE_FAILED ||
+        s.state() == v1::SITE_STATE_ABORTED) {
+      ++table.failed;
+    }
+  }
+  return table;
+}
+
 int Status(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
@@ -279,64 +336,23 @@ int Status(const Args& args) {
   for (const v1::SiteInfo& site : job->sites()) {
     stubs[site.name()] = StubFor(site.address());
   }
+  std::string last_text;
   while (true) {
-    int done = 0;
-    int failed = 0;
-    std::string table = absl::StrFormat(
-        "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n", "SITE", "STATE", "ROLE",
-        "ROUND", "AGGREGATOR", "VAL ACC", "BEST", "LAST ERROR");
-    for (const v1::SiteInfo& site : job->sites()) {
-      grpc::ClientContext context;
-      SetDeadline(&context, absl::Seconds(3));
-      v1::StatusRequest request;
-      request.set_job_id(job->job_id());
-      request.set_sender(Sender());
-      v1::StatusReply reply;
-      grpc::Status status =
-          stubs[site.name()]->Status(&context, request, &reply);
-      if (!status.ok()) {
-        absl::StrAppendFormat(
-            &table, "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n", site.name(),
-            "unreachable", "-", "-", "-", "-", "-", status.error_message());
-        ++failed;
-        continue;
-      }
-      const v1::SiteStatus& s = reply.status();
-      std::string role = s.role().trainer() ? "trainer" : "";
-      if (s.role().aggregator()) role += role.empty() ? "aggregator" : "+aggr";
-      const std::string best =
-          s.best().present() ? absl::StrFormat("%.4f", s.best().metric()) : "-";
-      auto accuracy = s.metrics().find("accuracy");
-      const std::string validation =
-          accuracy == s.metrics().end()
-              ? "-"
-              : absl::StrFormat("%.4f", accuracy->second);
-      absl::StrAppendFormat(
-          &table, "%-12s %-22s %-12s %5d %-12s %-8s %-8s %s\n", site.name(),
-          StateName(s.state()), role.empty() ? "-" : role, s.round(),
-          s.aggregator().empty() ? "-" : s.aggregator(), validation, best,
-          s.last_error());
-      if (s.state() == v1::SITE_STATE_DONE) ++done;
-      if (s.state() == v1::SITE_STATE_FAILED ||
-          s.state() == v1::SITE_STATE_ABORTED) {
-        ++failed;
-      }
-    }
-    static std::string last_table;
-    if (!args.changes_only || table != last_table) {
-      std::printf("%s", table.c_str());
+    const StatusTable table = PollStatus(*job, stubs);
+    if (!args.changes_only || table.text != last_text) {
+      std::printf("%s", table.text.c_str());
       if (args.watch) std::printf("\n");
-      last_table = table;
+      last_text = table.text;
     }
     const int sites = job->sites_size();
-    if (!args.watch) return failed > 0 ? 1 : 0;
-    if (done == sites) {
+    if (!args.watch) return table.failed > 0 ? 1 : 0;
+    if (table.done == sites) {
       std::printf("job %s done on every site\n", job->job_id().c_str());
       return 0;
     }
-    if (done + failed == sites && failed > 0) {
+    if (table.done + table.failed == sites && table.failed > 0) {
       std::printf("job %s ended with %d site(s) failed or aborted\n",
-                  job->job_id().c_str(), failed);
+                  job->job_id().c_str(), table.failed);
       return 1;
     }
     std::fflush(stdout);

@@ -39,9 +39,4 @@ void ModelReceiver::Finish(absl::StatusOr<Model> model,
   site_->OnModel(header_, Checked(std::move(model)), std::move(done));
 }
 
-v1::Reply ModelReceiver::FinishAndWait(absl::StatusOr<Model> model,
-                                       absl::Time deadline) {
-  return site_->OnModelAndWait(header_, Checked(std::move(model)), deadline);
-}
-
 }  // namespace swarm

@@ -9,7 +9,7 @@
 //   if (!admitted.ok()) -> refuse the stream with `admitted`
 //   if (receiver.answered()) -> reply receiver.reply(), read no body
 //   feed the body's frames to receiver.assembler(), then
-//   receiver.Finish(assembler->Finish(), done)   // or FinishAndWait
+//   receiver.Finish(assembler->Finish(), done)
 //
 // Not thread-safe: one stream, one thread at a time.
 #ifndef SWARM_CONTROLLER_MODEL_RECEIVER_H_
@@ -61,8 +61,6 @@ class ModelReceiver {
   // the stream broke) to the site; `done` gets its reply, now or later.
   // REQUIRES: Begin returned OK and !answered(); call once.
   void Finish(absl::StatusOr<Model> model, SiteDriver::ReplyDone done);
-  // The same, waiting for the reply until `deadline`.
-  v1::Reply FinishAndWait(absl::StatusOr<Model> model, absl::Time deadline);
 
  private:
   absl::StatusOr<Model> Checked(absl::StatusOr<Model> model);

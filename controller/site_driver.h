@@ -88,9 +88,6 @@ class SiteDriver {
   // gets the reply, now or once the site has written what it must.
   void OnModel(const v1::ModelHeader& header, absl::StatusOr<Model> model,
                ReplyDone done);
-  // The same, waiting for the reply until `deadline` (then RETRY).
-  v1::Reply OnModelAndWait(const v1::ModelHeader& header,
-                           absl::StatusOr<Model> model, absl::Time deadline);
   // A permission request; a RETRY answer is held until a slot frees, the
   // round opens, or `hold_until`. Returns a handle for CancelRequest.
   RequestId RequestToSubmit(const v1::SubmitPermissionRequest& request,

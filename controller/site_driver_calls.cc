@@ -112,29 +112,6 @@ void SiteDriver::OnModel(const v1::ModelHeader& header,
   });
 }
 
-v1::Reply SiteDriver::OnModelAndWait(const v1::ModelHeader& header,
-                                     absl::StatusOr<Model> model,
-                                     absl::Time deadline) {
-  struct Slot {
-    absl::Mutex mu;
-    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
-  };
-  auto slot = std::make_shared<Slot>();
-  OnModel(header, std::move(model), [slot](v1::Reply reply) {
-    absl::MutexLock lock(&slot->mu);
-    slot->reply = std::move(reply);
-  });
-  absl::MutexLock lock(&slot->mu);
-  auto answered = [&slot]() ABSL_SHARED_LOCKS_REQUIRED(slot->mu) {
-    return slot->reply.has_value();
-  };
-  if (!slot->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
-    return MakeReply(v1::OUTCOME_RETRY,
-                     "the site did not store the model in time");
-  }
-  return *slot->reply;
-}
-
 RequestId SiteDriver::RequestToSubmit(
     const v1::SubmitPermissionRequest& request, absl::Time hold_until,
     PermissionDone done) {

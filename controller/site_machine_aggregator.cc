@@ -35,9 +35,11 @@ void SiteMachine::OnRoundReport(uint32_t round, const RoundReport& report) {
     const absl::Time deadline = it->second->NextDeadline();
     if (deadline == absl::InfiniteFuture()) return;
     auto armed = armed_.find(round);
+    // A timer still to come by then looks again. Not the one firing now
+    // (armed at `now_`): it is this very look.
     if (armed != armed_.end() && armed->second <= deadline &&
-        armed->second >= now_) {
-      return;  // A timer comes by then; it looks again.
+        armed->second > now_) {
+      return;
     }
     armed_[round] = deadline;
     Timer timer;

@@ -120,46 +120,39 @@ const char* PartitionKindName(PartitionKind kind) {
   return kind == PartitionKind::kIid ? "iid" : "dirichlet";
 }
 
-absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDataset(
-    absl::Span<const uint8_t> labels, uint32_t num_classes,
-    const PartitionOptions& options) {
-  const uint32_t sites = options.sites;
-  if (sites < 1) return absl::InvalidArgumentError("sites must be at least 1");
-  if (labels.size() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError("more than 2^32 - 1 examples");
-  }
-  const uint64_t min_shard = std::max<uint64_t>(options.min_shard_size, 1);
-  std::vector<std::vector<uint32_t>> shards(sites);
+namespace {
 
-  if (options.kind == PartitionKind::kIid) {
-    if (labels.size() < sites * min_shard) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot split %d examples among %d sites: every site needs at least "
-          "%d",
-          labels.size(), sites, min_shard));
-    }
-    std::vector<uint32_t> order(labels.size());
-    for (size_t i = 0; i < order.size(); ++i)
-      order[i] = static_cast<uint32_t>(i);
-    PortableRng rng = PortableRng::ForStream(options.seed, kStreamIid, sites);
-    rng.Shuffle(order);
-    const size_t base = order.size() / sites;
-    const size_t extra = order.size() % sites;
-    size_t begin = 0;
-    for (uint32_t s = 0; s < sites; ++s) {
-      const size_t count = base + (s < extra ? 1 : 0);
-      shards[s].assign(order.begin() + begin, order.begin() + begin + count);
-      std::sort(shards[s].begin(), shards[s].end());
-      begin += count;
-    }
-    return shards;
-  }
-
-  // Dirichlet by label.
-  if (!(options.alpha > 0) || !std::isfinite(options.alpha)) {
+// The iid split: a seeded shuffle of all indices, cut into `sites`
+// consecutive runs whose sizes differ by at most one.
+absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionIid(
+    size_t num_examples, uint32_t sites, uint64_t min_shard, uint64_t seed) {
+  if (num_examples < sites * min_shard) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "alpha must be a positive number (got %g)", options.alpha));
+        "cannot split %d examples among %d sites: every site needs at least "
+        "%d",
+        num_examples, sites, min_shard));
   }
+  std::vector<uint32_t> order(num_examples);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+  PortableRng rng = PortableRng::ForStream(seed, kStreamIid, sites);
+  rng.Shuffle(order);
+  std::vector<std::vector<uint32_t>> shards(sites);
+  const size_t base = order.size() / sites;
+  const size_t extra = order.size() % sites;
+  size_t begin = 0;
+  for (uint32_t s = 0; s < sites; ++s) {
+    const size_t count = base + (s < extra ? 1 : 0);
+    shards[s].assign(order.begin() + begin, order.begin() + begin + count);
+    std::sort(shards[s].begin(), shards[s].end());
+    begin += count;
+  }
+  return shards;
+}
+
+// The example indices of every class, ascending; InvalidArgument for a label
+// >= num_classes.
+absl::StatusOr<std::vector<std::vector<uint32_t>>> IndicesByClass(
+    absl::Span<const uint8_t> labels, uint32_t num_classes) {
   std::vector<std::vector<uint32_t>> by_class(num_classes);
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] >= num_classes) {
@@ -169,7 +162,14 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDataset(
     }
     by_class[labels[i]].push_back(static_cast<uint32_t>(i));
   }
-  for (uint32_t c = 0; c < num_classes; ++c) {
+  return by_class;
+}
+
+// InvalidArgument unless every present class has at least one sample per
+// site.
+absl::Status CheckClassesCoverSites(
+    const std::vector<std::vector<uint32_t>>& by_class, uint32_t sites) {
+  for (uint32_t c = 0; c < by_class.size(); ++c) {
     const size_t n = by_class[c].size();
     if (n > 0 && n < sites) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -179,52 +179,94 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDataset(
           c, sites, n));
     }
   }
-  PortableRng rng =
-      PortableRng::ForStream(options.seed, kStreamDirichlet, sites);
+  return absl::OkStatus();
+}
+
+// How many of a class's `spare` samples (those beyond one per site) each of
+// the `sites` sites gets: p ~ Dirichlet(alpha) drawn from `rng`, then
+// floor(p_s * spare) each, the remainder one by one to the largest
+// fractional parts (ties: lower site).
+std::vector<uint64_t> DirichletCounts(double alpha, uint32_t sites,
+                                      uint64_t spare, PortableRng& rng) {
   std::vector<double> log_gamma(sites);
   std::vector<double> quota(sites);
   std::vector<uint64_t> count(sites);
-  std::vector<uint32_t> order(sites);
-  for (uint32_t c = 0; c < num_classes; ++c) {
-    std::vector<uint32_t>& members = by_class[c];
-    if (members.empty()) continue;
-    rng.Shuffle(members);
-    double max_log = -std::numeric_limits<double>::infinity();
-    for (uint32_t s = 0; s < sites; ++s) {
-      log_gamma[s] = rng.LogGamma(options.alpha);
-      max_log = std::max(max_log, log_gamma[s]);
-    }
-    double sum = 0;
-    for (uint32_t s = 0; s < sites; ++s) {
-      quota[s] = std::exp(log_gamma[s] - max_log);  // The largest is 1.
-      sum += quota[s];
-    }
-    const uint64_t spare = members.size() - sites;
-    uint64_t assigned = 0;
-    for (uint32_t s = 0; s < sites; ++s) {
-      const double share = quota[s] / sum * static_cast<double>(spare);
-      count[s] =
-          std::min<uint64_t>(static_cast<uint64_t>(std::floor(share)), spare);
-      quota[s] = share - static_cast<double>(count[s]);  // Fractional part.
-      assigned += count[s];
-    }
-    // Rounding can only leave samples over (never overshoot by more than the
-    // floors' sum, which is <= spare up to rounding; clamp defensively).
-    while (assigned > spare) {
-      for (uint32_t s = sites; s-- > 0 && assigned > spare;) {
-        if (count[s] > 0) {
-          --count[s];
-          --assigned;
-        }
+  double max_log = -std::numeric_limits<double>::infinity();
+  for (uint32_t s = 0; s < sites; ++s) {
+    log_gamma[s] = rng.LogGamma(alpha);
+    max_log = std::max(max_log, log_gamma[s]);
+  }
+  double sum = 0;
+  for (uint32_t s = 0; s < sites; ++s) {
+    quota[s] = std::exp(log_gamma[s] - max_log);  // The largest is 1.
+    sum += quota[s];
+  }
+  uint64_t assigned = 0;
+  for (uint32_t s = 0; s < sites; ++s) {
+    const double share = quota[s] / sum * static_cast<double>(spare);
+    count[s] =
+        std::min<uint64_t>(static_cast<uint64_t>(std::floor(share)), spare);
+    quota[s] = share - static_cast<double>(count[s]);  // Fractional part.
+    assigned += count[s];
+  }
+  // Rounding can only leave samples over (never overshoot by more than the
+  // floors' sum, which is <= spare up to rounding; clamp defensively).
+  while (assigned > spare) {
+    for (uint32_t s = sites; s-- > 0 && assigned > spare;) {
+      if (count[s] > 0) {
+        --count[s];
+        --assigned;
       }
     }
-    for (uint32_t s = 0; s < sites; ++s) order[s] = s;
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      return quota[a] > quota[b];
-    });
-    for (uint64_t k = 0; assigned < spare; ++k, ++assigned) {
-      ++count[order[k % sites]];
+  }
+  std::vector<uint32_t> order(sites);
+  for (uint32_t s = 0; s < sites; ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return quota[a] > quota[b]; });
+  for (uint64_t k = 0; assigned < spare; ++k, ++assigned) {
+    ++count[order[k % sites]];
+  }
+  return count;
+}
+
+// Sorts every shard; InvalidArgument if one has fewer than `min_shard`
+// samples.
+absl::Status SortAndCheckShards(std::vector<std::vector<uint32_t>>& shards,
+                                size_t num_examples, uint64_t min_shard) {
+  const uint32_t sites = static_cast<uint32_t>(shards.size());
+  for (uint32_t s = 0; s < sites; ++s) {
+    std::sort(shards[s].begin(), shards[s].end());
+    if (shards[s].size() < min_shard) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cannot split %d examples among %d sites: site %d would get %d, "
+          "fewer than the %d it needs (use fewer sites or more data)",
+          num_examples, sites, s, shards[s].size(), min_shard));
     }
+  }
+  return absl::OkStatus();
+}
+
+// The Dirichlet split by label (see the header): per class in order, a
+// shuffle of its samples, one to every site and the rest by DirichletCounts.
+absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDirichlet(
+    absl::Span<const uint8_t> labels, uint32_t num_classes,
+    const PartitionOptions& options, uint64_t min_shard) {
+  const uint32_t sites = options.sites;
+  if (!(options.alpha > 0) || !std::isfinite(options.alpha)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "alpha must be a positive number (got %g)", options.alpha));
+  }
+  SWARM_ASSIGN_OR_RETURN(std::vector<std::vector<uint32_t>> by_class,
+                         IndicesByClass(labels, num_classes));
+  SWARM_RETURN_IF_ERROR(CheckClassesCoverSites(by_class, sites));
+  PortableRng rng =
+      PortableRng::ForStream(options.seed, kStreamDirichlet, sites);
+  std::vector<std::vector<uint32_t>> shards(sites);
+  for (std::vector<uint32_t>& members : by_class) {
+    if (members.empty()) continue;
+    rng.Shuffle(members);
+    const std::vector<uint64_t> count =
+        DirichletCounts(options.alpha, sites, members.size() - sites, rng);
     size_t begin = 0;
     for (uint32_t s = 0; s < sites; ++s) {
       const size_t take = static_cast<size_t>(count[s]) + 1;
@@ -233,16 +275,25 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDataset(
       begin += take;
     }
   }
-  for (uint32_t s = 0; s < sites; ++s) {
-    std::sort(shards[s].begin(), shards[s].end());
-    if (shards[s].size() < min_shard) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot split %d examples among %d sites: site %d would get %d, "
-          "fewer than the %d it needs (use fewer sites or more data)",
-          labels.size(), sites, s, shards[s].size(), min_shard));
-    }
-  }
+  SWARM_RETURN_IF_ERROR(SortAndCheckShards(shards, labels.size(), min_shard));
   return shards;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionDataset(
+    absl::Span<const uint8_t> labels, uint32_t num_classes,
+    const PartitionOptions& options) {
+  const uint32_t sites = options.sites;
+  if (sites < 1) return absl::InvalidArgumentError("sites must be at least 1");
+  if (labels.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError("more than 2^32 - 1 examples");
+  }
+  const uint64_t min_shard = std::max<uint64_t>(options.min_shard_size, 1);
+  if (options.kind == PartitionKind::kIid) {
+    return PartitionIid(labels.size(), sites, min_shard, options.seed);
+  }
+  return PartitionDirichlet(labels, num_classes, options, min_shard);
 }
 
 absl::StatusOr<ShardSplit> HoldOut(absl::Span<const uint32_t> shard,

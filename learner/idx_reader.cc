@@ -7,10 +7,12 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace swarm {
 namespace {
@@ -56,9 +58,9 @@ bool ReadFully(gzFile_s* file, uint8_t* out, uint64_t size) {
   return true;
 }
 
-}  // namespace
-
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+// Opens `path` for reading (gzip or plain), mapping the open error to a
+// status.
+absl::StatusOr<GzFile> OpenIdxFile(const std::string& path) {
   errno = 0;
   GzFile file(gzopen(path.c_str(), "rb"));
   if (file == nullptr) {
@@ -75,11 +77,15 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
                         err != 0 ? std::strerror(err) : "gzopen failed"));
   }
   gzbuffer(file.get(), 1 << 17);
+  return file;
+}
 
+// Reads and checks the magic, the element type and the dimension count;
+// returns the dimension count.
+absl::StatusOr<int> ReadIdxHeader(gzFile_s* file, const std::string& path) {
   uint8_t header[4];
-  if (!ReadFully(file.get(), header, sizeof(header))) {
-    return Corrupt(path,
-                   absl::StrFormat("header: %s", GzError(file.get(), path)));
+  if (!ReadFully(file, header, sizeof(header))) {
+    return Corrupt(path, absl::StrFormat("header: %s", GzError(file, path)));
   }
   if (header[0] != 0 || header[1] != 0) {
     return Corrupt(path,
@@ -97,14 +103,20 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     return Corrupt(path, absl::StrFormat("%d dimensions (expected 1..%d)",
                                          num_dims, kMaxDims));
   }
+  return num_dims;
+}
 
-  IdxArray out;
+// Reads the `num_dims` sizes into `dims`; returns their product (the data
+// bytes), checked against kMaxIdxBytes.
+absl::StatusOr<uint64_t> ReadIdxDims(gzFile_s* file, const std::string& path,
+                                     int num_dims,
+                                     std::vector<uint32_t>* dims) {
   uint64_t total = 1;
   for (int d = 0; d < num_dims; ++d) {
     uint8_t be[4];
-    if (!ReadFully(file.get(), be, sizeof(be))) {
+    if (!ReadFully(file, be, sizeof(be))) {
       return Corrupt(path, absl::StrFormat("size of dimension %d: %s", d,
-                                           GzError(file.get(), path)));
+                                           GzError(file, path)));
     }
     const uint32_t size = (uint32_t{be[0]} << 24) | (uint32_t{be[1]} << 16) |
                           (uint32_t{be[2]} << 8) | uint32_t{be[3]};
@@ -116,9 +128,40 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
       return Corrupt(
           path, absl::StrFormat("declares more than %d bytes", kMaxIdxBytes));
     }
-    out.dims.push_back(size);
+    dims->push_back(size);
   }
+  return total;
+}
 
+// Checks that nothing follows the `total` data bytes; reading to the end
+// also makes zlib check the CRC.
+absl::Status CheckIdxEnd(gzFile_s* file, const std::string& path,
+                         uint64_t total) {
+  uint8_t extra;
+  const int got = gzread(file, &extra, 1);
+  if (got > 0) {
+    return Corrupt(
+        path, absl::StrFormat("trailing bytes after %d data bytes", total));
+  }
+  if (got < 0) {
+    return Corrupt(path, GzError(file, path));
+  }
+  int code = Z_OK;
+  gzerror(file, &code);
+  if (code != Z_OK && code != Z_STREAM_END) {
+    return Corrupt(path, GzError(file, path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  SWARM_ASSIGN_OR_RETURN(GzFile file, OpenIdxFile(path));
+  SWARM_ASSIGN_OR_RETURN(const int num_dims, ReadIdxHeader(file.get(), path));
+  IdxArray out;
+  SWARM_ASSIGN_OR_RETURN(const uint64_t total,
+                         ReadIdxDims(file.get(), path, num_dims, &out.dims));
   out.data.resize(total);
   if (!ReadFully(file.get(), out.data.data(), total)) {
     return Corrupt(
@@ -126,21 +169,7 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
                               absl::StrJoin(out.dims, ", "), total,
                               GzError(file.get(), path)));
   }
-  // Nothing may follow; reading to the end also makes zlib check the CRC.
-  uint8_t extra;
-  const int got = gzread(file.get(), &extra, 1);
-  if (got > 0) {
-    return Corrupt(
-        path, absl::StrFormat("trailing bytes after %d data bytes", total));
-  }
-  if (got < 0) {
-    return Corrupt(path, GzError(file.get(), path));
-  }
-  int code = Z_OK;
-  gzerror(file.get(), &code);
-  if (code != Z_OK && code != Z_STREAM_END) {
-    return Corrupt(path, GzError(file.get(), path));
-  }
+  SWARM_RETURN_IF_ERROR(CheckIdxEnd(file.get(), path, total));
   return out;
 }
 

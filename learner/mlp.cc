@@ -360,11 +360,9 @@ float Mlp::LossAndGradients(const RowMatrixF& x,
   return static_cast<float>(total / static_cast<double>(x.rows()));
 }
 
-absl::Status TrainSgd(Mlp& net, const ImageDataset& data,
-                      absl::Span<const uint32_t> indices,
-                      const SgdOptions& options,
-                      const std::atomic<bool>* cancel,
-                      const std::function<void(const EpochReport&)>& on_epoch) {
+namespace {
+
+absl::Status CheckSgdOptions(const SgdOptions& options) {
   if (options.batch_size < 1) {
     return absl::InvalidArgumentError("batch size must be at least 1");
   }
@@ -377,82 +375,150 @@ absl::Status TrainSgd(Mlp& net, const ImageDataset& data,
   if (!(options.momentum >= 0 && options.momentum < 1)) {
     return absl::InvalidArgumentError("momentum must be in [0, 1)");
   }
-  SWARM_RETURN_IF_ERROR(CheckData(net, data, indices));
+  return absl::OkStatus();
+}
+
+// The examples to train on: `indices`, or all `num_examples` when empty.
+std::vector<uint32_t> TrainingOrder(size_t num_examples,
+                                    absl::Span<const uint32_t> indices) {
   std::vector<uint32_t> order;
   if (indices.empty()) {
-    order.resize(data.size());
+    order.resize(num_examples);
     for (size_t i = 0; i < order.size(); ++i) {
       order[i] = static_cast<uint32_t>(i);
     }
   } else {
     order.assign(indices.begin(), indices.end());
   }
+  return order;
+}
+
+// Balanced softmax: the log of the class frequencies of data[order], by
+// which the training logits are shifted.
+Eigen::VectorXf LogClassPriors(const ImageDataset& data,
+                               absl::Span<const uint32_t> order,
+                               uint32_t classes) {
+  std::vector<uint64_t> counts(classes, 0);
+  for (uint32_t i : order) ++counts[data.labels[i]];
+  Eigen::VectorXf offsets(classes);
+  for (uint32_t c = 0; c < classes; ++c) {
+    // An absent class counts as half an example (a finite offset).
+    const double count = counts[c] > 0 ? static_cast<double>(counts[c]) : 0.5;
+    offsets(c) =
+        static_cast<float>(std::log(count / static_cast<double>(order.size())));
+  }
+  return offsets;
+}
+
+// learning_rate * lr_decay^(first_epoch + epoch - 1) for the 1-based `epoch`.
+float EpochLearningRate(const SgdOptions& options, uint32_t epoch) {
+  return static_cast<float>(
+      static_cast<double>(options.learning_rate) *
+      std::pow(static_cast<double>(options.lr_decay),
+               static_cast<double>(options.first_epoch + epoch - 1)));
+}
+
+// Minibatch SGD with momentum on a network's layers, reusing its buffers
+// across batches. The velocity starts at zero.
+class MomentumSgd {
+ public:
+  // `offsets` (empty for none) shift the training logits.
+  MomentumSgd(std::vector<MlpLayer>& layers, float momentum,
+              Eigen::VectorXf offsets)
+      : layers_(layers), mu_(momentum), offsets_(std::move(offsets)) {
+    velocity_.resize(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      velocity_[i].weight =
+          RowMatrixF::Zero(layers_[i].weight.rows(), layers_[i].weight.cols());
+      velocity_[i].bias = Eigen::VectorXf::Zero(layers_[i].bias.size());
+    }
+  }
+
+  // The forward pass of the batch data[order[begin..end)]: its summed
+  // cross-entropy.
+  double BatchLoss(const ImageDataset& data, absl::Span<const uint32_t> order,
+                   size_t begin, size_t end) {
+    Gather(data, order, begin, end, x_, labels_);
+    Forward(layers_, x_, ws_);
+    if (offsets_.size() > 0) ws_.out.back().rowwise() += offsets_.transpose();
+    return SoftmaxCrossEntropy(labels_, ws_, nullptr);
+  }
+
+  // Backpropagates the last BatchLoss and steps with learning rate `lr`.
+  void Update(float lr) {
+    Backward(layers_, x_, labels_, ws_, grads_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      velocity_[i].weight = mu_ * velocity_[i].weight + grads_[i].weight;
+      velocity_[i].bias = mu_ * velocity_[i].bias + grads_[i].bias;
+      layers_[i].weight -= lr * velocity_[i].weight;
+      layers_[i].bias -= lr * velocity_[i].bias;
+    }
+  }
+
+ private:
+  std::vector<MlpLayer>& layers_;
+  const float mu_;
+  const Eigen::VectorXf offsets_;
+  std::vector<MlpLayer> velocity_;
+  std::vector<MlpLayer> grads_;
+  Workspace ws_;
+  RowMatrixF x_;
+  std::vector<uint8_t> labels_;
+};
+
+// One epoch over data[order] in minibatches of options.batch_size with
+// learning rate `lr`: the summed training loss.
+absl::StatusOr<double> RunEpoch(MomentumSgd& sgd, const ImageDataset& data,
+                                absl::Span<const uint32_t> order,
+                                const SgdOptions& options, uint32_t epoch,
+                                float lr, const std::atomic<bool>* cancel) {
+  double loss_sum = 0;
+  for (size_t begin = 0; begin < order.size(); begin += options.batch_size) {
+    if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
+      return absl::CancelledError(absl::StrFormat(
+          "training cancelled in epoch %d of %d", epoch, options.epochs));
+    }
+    const size_t end = std::min(order.size(), begin + options.batch_size);
+    const double batch_loss = sgd.BatchLoss(data, order, begin, end);
+    if (!std::isfinite(batch_loss)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "training diverged (non-finite loss) in epoch %d; lower the "
+          "learning rate (now %g)",
+          epoch, lr));
+    }
+    loss_sum += batch_loss;
+    sgd.Update(lr);
+  }
+  return loss_sum;
+}
+
+}  // namespace
+
+absl::Status TrainSgd(Mlp& net, const ImageDataset& data,
+                      absl::Span<const uint32_t> indices,
+                      const SgdOptions& options,
+                      const std::atomic<bool>* cancel,
+                      const std::function<void(const EpochReport&)>& on_epoch) {
+  SWARM_RETURN_IF_ERROR(CheckSgdOptions(options));
+  SWARM_RETURN_IF_ERROR(CheckData(net, data, indices));
+  std::vector<uint32_t> order = TrainingOrder(data.size(), indices);
   if (order.empty()) {
     return absl::InvalidArgumentError("no training data");
   }
-
-  std::vector<MlpLayer>& layers = net.mutable_layers();
-  std::vector<MlpLayer> velocity(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    velocity[i].weight =
-        RowMatrixF::Zero(layers[i].weight.rows(), layers[i].weight.cols());
-    velocity[i].bias = Eigen::VectorXf::Zero(layers[i].bias.size());
-  }
-  std::vector<MlpLayer> grads;
-  Workspace ws;
-  RowMatrixF x;
-  std::vector<uint8_t> labels;
-  const float mu = options.momentum;
-  // Balanced softmax: the training logits are shifted by the log of the
-  // class frequencies of the training data.
   Eigen::VectorXf offsets;
   if (options.balanced_softmax) {
-    const uint32_t classes = net.sizes().back();
-    std::vector<uint64_t> counts(classes, 0);
-    for (uint32_t i : order) ++counts[data.labels[i]];
-    offsets.resize(classes);
-    for (uint32_t c = 0; c < classes; ++c) {
-      // An absent class counts as half an example (a finite offset).
-      const double count = counts[c] > 0 ? static_cast<double>(counts[c]) : 0.5;
-      offsets(c) = static_cast<float>(
-          std::log(count / static_cast<double>(order.size())));
-    }
+    offsets = LogClassPriors(data, order, net.sizes().back());
   }
+  MomentumSgd sgd(net.mutable_layers(), options.momentum, std::move(offsets));
   for (uint32_t epoch = 1; epoch <= options.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
-    const float lr = static_cast<float>(
-        static_cast<double>(options.learning_rate) *
-        std::pow(static_cast<double>(options.lr_decay),
-                 static_cast<double>(options.first_epoch + epoch - 1)));
+    const float lr = EpochLearningRate(options, epoch);
     PortableRng rng =
         PortableRng::ForStream(options.shuffle_seed, kStreamShuffle, epoch);
     rng.Shuffle(order);
-    double loss_sum = 0;
-    for (size_t begin = 0; begin < order.size(); begin += options.batch_size) {
-      if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
-        return absl::CancelledError(absl::StrFormat(
-            "training cancelled in epoch %d of %d", epoch, options.epochs));
-      }
-      const size_t end = std::min(order.size(), begin + options.batch_size);
-      Gather(data, order, begin, end, x, labels);
-      Forward(layers, x, ws);
-      if (offsets.size() > 0) ws.out.back().rowwise() += offsets.transpose();
-      const double batch_loss = SoftmaxCrossEntropy(labels, ws, nullptr);
-      if (!std::isfinite(batch_loss)) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "training diverged (non-finite loss) in epoch %d; lower the "
-            "learning rate (now %g)",
-            epoch, lr));
-      }
-      loss_sum += batch_loss;
-      Backward(layers, x, labels, ws, grads);
-      for (size_t i = 0; i < layers.size(); ++i) {
-        velocity[i].weight = mu * velocity[i].weight + grads[i].weight;
-        velocity[i].bias = mu * velocity[i].bias + grads[i].bias;
-        layers[i].weight -= lr * velocity[i].weight;
-        layers[i].bias -= lr * velocity[i].bias;
-      }
-    }
+    SWARM_ASSIGN_OR_RETURN(
+        const double loss_sum,
+        RunEpoch(sgd, data, order, options, epoch, lr, cancel));
     if (on_epoch) {
       EpochReport report;
       report.epoch = epoch;

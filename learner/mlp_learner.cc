@@ -81,12 +81,19 @@ std::string SizesString(const std::vector<uint32_t>& sizes) {
   return absl::StrFormat("[%s]", absl::StrJoin(sizes, ", "));
 }
 
-}  // namespace
+// "true"/"1" or "false"/"0" (case-insensitive).
+absl::StatusOr<bool> ParseBool(const Param& param) {
+  const std::string value =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(param.value));
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  return BadParam(param, "is not true or false");
+}
 
-absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
-    absl::string_view site, const std::map<std::string, std::string>& params) {
-  MlpLearnerOptions o;
-  o.site = std::string(site);
+// data_dir, sites and site_index.
+absl::Status ParseSiteOptions(absl::string_view site,
+                              const std::map<std::string, std::string>& params,
+                              MlpLearnerOptions& o) {
   if (auto p = Lookup(params, "data_dir", site)) {
     if (absl::StripAsciiWhitespace(p->value).empty()) {
       return BadParam(*p, "is empty");
@@ -113,6 +120,14 @@ absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
         "sites is %d",
         site, o.sites));
   }
+  return absl::OkStatus();
+}
+
+// The data split: partition, alpha, data_seed, validation_fraction and
+// max_train_samples.
+absl::Status ParseSplitOptions(absl::string_view site,
+                               const std::map<std::string, std::string>& params,
+                               MlpLearnerOptions& o) {
   if (auto p = Lookup(params, "partition", site)) {
     absl::StatusOr<PartitionKind> kind = ParsePartitionKind(p->value);
     if (!kind.ok()) return BadParam(*p, "is not \"iid\" or \"dirichlet\"");
@@ -140,6 +155,14 @@ absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
         o.max_train_samples,
         ParseUint(*p, 0, std::numeric_limits<uint32_t>::max()));
   }
+  return absl::OkStatus();
+}
+
+// The network and its training: hidden, lr, lr_decay, momentum,
+// balanced_softmax, batch_size, epochs and seed.
+absl::Status ParseTrainingOptions(
+    absl::string_view site, const std::map<std::string, std::string>& params,
+    MlpLearnerOptions& o) {
   if (auto p = Lookup(params, "hidden", site)) {
     absl::StatusOr<std::vector<uint32_t>> hidden = ParseHiddenSizes(p->value);
     if (!hidden.ok()) return BadParam(*p, hidden.status().message());
@@ -158,15 +181,7 @@ absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
     o.momentum = static_cast<float>(v);
   }
   if (auto p = Lookup(params, "balanced_softmax", site)) {
-    const std::string value =
-        absl::AsciiStrToLower(absl::StripAsciiWhitespace(p->value));
-    if (value == "true" || value == "1") {
-      o.balanced_softmax = true;
-    } else if (value == "false" || value == "0") {
-      o.balanced_softmax = false;
-    } else {
-      return BadParam(*p, "is not true or false");
-    }
+    SWARM_ASSIGN_OR_RETURN(o.balanced_softmax, ParseBool(*p));
   }
   if (auto p = Lookup(params, "batch_size", site)) {
     SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUint(*p, 1, 1u << 16));
@@ -180,6 +195,18 @@ absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
     SWARM_ASSIGN_OR_RETURN(
         o.seed, ParseUint(*p, 0, std::numeric_limits<uint64_t>::max()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
+    absl::string_view site, const std::map<std::string, std::string>& params) {
+  MlpLearnerOptions o;
+  o.site = std::string(site);
+  SWARM_RETURN_IF_ERROR(ParseSiteOptions(site, params, o));
+  SWARM_RETURN_IF_ERROR(ParseSplitOptions(site, params, o));
+  SWARM_RETURN_IF_ERROR(ParseTrainingOptions(site, params, o));
   return o;
 }
 

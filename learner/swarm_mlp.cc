@@ -34,8 +34,8 @@
 // model, I/O); 2 bad usage or invalid options (including a split that cannot
 // be satisfied).
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -339,9 +339,9 @@ int Shard(const Args& args) {
   absl::StatusOr<ShardSplit> split =
       SiteShard(train->labels, train->num_classes, shard);
   if (!split.ok()) return Fail(split.status());
-  std::string text = absl::StrCat("train ", absl::StrJoin(split->train, ","),
-                                  "\nvalidation ",
-                                  absl::StrJoin(split->validation, ","), "\n");
+  std::string text =
+      absl::StrCat("train ", absl::StrJoin(split->train, ","), "\nvalidation ",
+                   absl::StrJoin(split->validation, ","), "\n");
   FILE* file = std::fopen(out.c_str(), "w");
   if (file == nullptr ||
       std::fwrite(text.data(), 1, text.size(), file) != text.size() ||
@@ -384,18 +384,155 @@ absl::Status FedAvg(const std::vector<TrainOutput>& results, Model* out) {
   return absl::OkStatus();
 }
 
-int Simulate(const Args& args) {
-  std::map<std::string, std::string> params = LearnerParams(args);
-  uint32_t rounds = 0;
-  if (!absl::SimpleAtoi(Optional(args, "rounds"), &rounds) || rounds < 1) {
+using SiteLearners = std::vector<std::unique_ptr<MlpLearner>>;
+
+// Reads --rounds and --jobs (default: the hardware threads) and checks that
+// --sites is given; kOk or the usage error's exit code.
+int ParseSimulateFlags(const Args& args,
+                       const std::map<std::string, std::string>& params,
+                       uint32_t* rounds, uint32_t* jobs) {
+  if (!absl::SimpleAtoi(Optional(args, "rounds"), rounds) || *rounds < 1) {
     return Usage("simulate needs --rounds R (R >= 1)");
   }
-  uint32_t jobs = std::max(1u, std::thread::hardware_concurrency());
+  *jobs = std::max(1u, std::thread::hardware_concurrency());
   if (args.values.count("jobs") > 0 &&
-      (!absl::SimpleAtoi(args.values.at("jobs"), &jobs) || jobs < 1)) {
+      (!absl::SimpleAtoi(args.values.at("jobs"), jobs) || *jobs < 1)) {
     return Usage("--jobs must be a positive integer");
   }
   if (params.count("sites") == 0) return Usage("simulate needs --sites N");
+  return kOk;
+}
+
+// One learner per site ("site-<s>", s = 0..sites-1), all on the one
+// `train` set.
+absl::StatusOr<SiteLearners> CreateSiteLearners(
+    std::map<std::string, std::string> params,
+    std::shared_ptr<const ImageDataset> train) {
+  params["site_index"] = "0";
+  SWARM_ASSIGN_OR_RETURN(MlpLearnerOptions first,
+                         ParseMlpLearnerOptions("site-0", params));
+  SiteLearners learners;
+  for (uint32_t s = 0; s < first.sites; ++s) {
+    params["site_index"] = absl::StrCat(s);
+    SWARM_ASSIGN_OR_RETURN(
+        MlpLearnerOptions options,
+        ParseMlpLearnerOptions(absl::StrCat("site-", s), params));
+    SWARM_ASSIGN_OR_RETURN(std::unique_ptr<MlpLearner> learner,
+                           MlpLearner::Create(options, train));
+    learners.push_back(std::move(learner));
+  }
+  return learners;
+}
+
+// The mean over the sites of their validation accuracy of `global`.
+absl::StatusOr<double> MeanValidationAccuracy(const SiteLearners& learners,
+                                              const Model& global,
+                                              uint32_t round) {
+  double validation = 0;
+  for (auto& learner : learners) {
+    SWARM_ASSIGN_OR_RETURN(Metrics metrics, learner->Validate(global, round));
+    validation += metrics.at("accuracy");
+  }
+  return validation / static_cast<double>(learners.size());
+}
+
+// Every site trains from `global`, `jobs` at a time; their FedAvg replaces
+// `global`.
+absl::Status TrainRound(const SiteLearners& learners, uint32_t jobs,
+                        uint32_t round, const std::atomic<bool>& cancel,
+                        Model* global) {
+  std::vector<absl::StatusOr<TrainOutput>> results(learners.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  for (uint32_t j = 0; j < std::min<size_t>(jobs, learners.size()); ++j) {
+    workers.emplace_back([&] {
+      for (size_t s = next++; s < learners.size(); s = next++) {
+        results[s] = learners[s]->Train(*global, round, cancel);
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  std::vector<TrainOutput> outputs;
+  for (auto& result : results) {
+    if (!result.ok()) return result.status();
+    outputs.push_back(*std::move(result));
+  }
+  return FedAvg(outputs, global);
+}
+
+// The round with the best mean validation accuracy so far.
+struct BestRound {
+  double validation = -1;
+  double test = 0;
+  uint32_t round = 0;
+
+  void Update(uint32_t at_round, double validation_accuracy,
+              double test_accuracy) {
+    if (validation_accuracy > validation) {
+      validation = validation_accuracy;
+      test = test_accuracy;
+      round = at_round;
+    }
+  }
+};
+
+// Progress on stderr and, if `csv` is open, its row for the global model
+// after `round` rounds.
+void ReportRound(uint32_t round, double validation, const Evaluation& eval,
+                 double elapsed, std::FILE* csv) {
+  std::fprintf(stderr,
+               "round %u: mean validation accuracy %.4f, test accuracy "
+               "%.4f, test loss %.4f (%.1f s)\n",
+               round, validation, eval.accuracy, eval.loss, elapsed);
+  std::fflush(stderr);
+  if (csv != nullptr) {
+    std::fprintf(csv, "%u,%.4f,%.4f,%.4f\n", round, validation, eval.accuracy,
+                 eval.loss);
+  }
+}
+
+// Runs `rounds` FedAvg rounds on `global`, reporting every global model
+// (row r: the model after r rounds; 0: the initial model) and printing the
+// summary after the last. kOk or the failure's exit code.
+int RunRounds(const SiteLearners& learners, const ImageDataset& test,
+              uint32_t rounds, uint32_t jobs, std::FILE* csv, Model* global) {
+  std::atomic<bool> cancel{false};
+  BestRound best;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint32_t round = 0; round <= rounds; ++round) {
+    absl::StatusOr<double> validation =
+        MeanValidationAccuracy(learners, *global, round);
+    if (!validation.ok()) return Fail(validation.status());
+    absl::StatusOr<Evaluation> eval = learners[0]->EvaluateTest(*global, &test);
+    if (!eval.ok()) return Fail(eval.status());
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    ReportRound(round, *validation, *eval, elapsed, csv);
+    best.Update(round, *validation, eval->accuracy);
+    if (round == rounds) {
+      std::printf(
+          "rounds=%u sites=%zu final_test_accuracy=%.4f final_test_loss=%.4f "
+          "best_round=%u best_validation_accuracy=%.4f "
+          "best_test_accuracy=%.4f seconds=%.1f\n",
+          rounds, learners.size(), eval->accuracy, eval->loss, best.round,
+          best.validation, best.test, elapsed);
+      break;
+    }
+    absl::Status trained = TrainRound(learners, jobs, round, cancel, global);
+    if (!trained.ok()) return Fail(trained);
+  }
+  return kOk;
+}
+
+int Simulate(const Args& args) {
+  const std::map<std::string, std::string> params = LearnerParams(args);
+  uint32_t rounds = 0;
+  uint32_t jobs = 0;
+  if (int code = ParseSimulateFlags(args, params, &rounds, &jobs);
+      code != kOk) {
+    return code;
+  }
   std::string dir = Optional(args, "data-dir");
   if (dir.empty()) dir = kDefaultFashionMnistDir;
   absl::StatusOr<ImageDataset> train =
@@ -404,24 +541,9 @@ int Simulate(const Args& args) {
   absl::StatusOr<ImageDataset> test =
       LoadFashionMnist(dir, FashionMnistSplit::kTest);
   if (!test.ok()) return Fail(test.status());
-  auto shared = std::make_shared<const ImageDataset>(*std::move(train));
-
-  params["site_index"] = "0";
-  absl::StatusOr<MlpLearnerOptions> first =
-      ParseMlpLearnerOptions("site-0", params);
-  if (!first.ok()) return Fail(first.status());
-  std::vector<std::unique_ptr<MlpLearner>> learners;
-  for (uint32_t s = 0; s < first->sites; ++s) {
-    params["site_index"] = absl::StrCat(s);
-    absl::StatusOr<MlpLearnerOptions> options =
-        ParseMlpLearnerOptions(absl::StrCat("site-", s), params);
-    if (!options.ok()) return Fail(options.status());
-    absl::StatusOr<std::unique_ptr<MlpLearner>> learner =
-        MlpLearner::Create(*options, shared);
-    if (!learner.ok()) return Fail(learner.status());
-    learners.push_back(*std::move(learner));
-  }
-  shared.reset();
+  absl::StatusOr<SiteLearners> learners = CreateSiteLearners(
+      params, std::make_shared<const ImageDataset>(*std::move(train)));
+  if (!learners.ok()) return Fail(learners.status());
 
   std::FILE* csv = nullptr;
   const std::string csv_path = Optional(args, "csv");
@@ -434,70 +556,11 @@ int Simulate(const Args& args) {
     std::fprintf(csv,
                  "round,mean_validation_accuracy,test_accuracy,test_loss\n");
   }
-  absl::StatusOr<Model> global = learners[0]->InitialModel();
+  absl::StatusOr<Model> global = (*learners)[0]->InitialModel();
   if (!global.ok()) return Fail(global.status());
-  std::atomic<bool> cancel{false};
-  double best_validation = -1;
-  double best_test = 0;
-  uint32_t best_round = 0;
-  const auto start = std::chrono::steady_clock::now();
-  // Row r: the global model after r rounds (0: the initial model).
-  for (uint32_t round = 0; round <= rounds; ++round) {
-    double validation = 0;
-    for (auto& learner : learners) {
-      absl::StatusOr<Metrics> metrics = learner->Validate(*global, round);
-      if (!metrics.ok()) return Fail(metrics.status());
-      validation += metrics->at("accuracy");
-    }
-    validation /= static_cast<double>(learners.size());
-    absl::StatusOr<Evaluation> eval =
-        learners[0]->EvaluateTest(*global, &*test);
-    if (!eval.ok()) return Fail(eval.status());
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    std::fprintf(stderr,
-                 "round %u: mean validation accuracy %.4f, test accuracy "
-                 "%.4f, test loss %.4f (%.1f s)\n",
-                 round, validation, eval->accuracy, eval->loss, elapsed);
-    std::fflush(stderr);
-    if (csv != nullptr) {
-      std::fprintf(csv, "%u,%.4f,%.4f,%.4f\n", round, validation,
-                   eval->accuracy, eval->loss);
-    }
-    if (validation > best_validation) {
-      best_validation = validation;
-      best_test = eval->accuracy;
-      best_round = round;
-    }
-    if (round == rounds) {
-      std::printf(
-          "rounds=%u sites=%zu final_test_accuracy=%.4f final_test_loss=%.4f "
-          "best_round=%u best_validation_accuracy=%.4f "
-          "best_test_accuracy=%.4f seconds=%.1f\n",
-          rounds, learners.size(), eval->accuracy, eval->loss, best_round,
-          best_validation, best_test, elapsed);
-      break;
-    }
-    // Every site trains from the global model; `jobs` at a time.
-    std::vector<absl::StatusOr<TrainOutput>> results(learners.size());
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> workers;
-    for (uint32_t j = 0; j < std::min<size_t>(jobs, learners.size()); ++j) {
-      workers.emplace_back([&] {
-        for (size_t s = next++; s < learners.size(); s = next++) {
-          results[s] = learners[s]->Train(*global, round, cancel);
-        }
-      });
-    }
-    for (std::thread& worker : workers) worker.join();
-    std::vector<TrainOutput> outputs;
-    for (auto& result : results) {
-      if (!result.ok()) return Fail(result.status());
-      outputs.push_back(*std::move(result));
-    }
-    absl::Status averaged = FedAvg(outputs, &*global);
-    if (!averaged.ok()) return Fail(averaged);
+  if (int code = RunRounds(*learners, *test, rounds, jobs, csv, &*global);
+      code != kOk) {
+    return code;
   }
   if (csv != nullptr) std::fclose(csv);
   const std::string out = Optional(args, "out");

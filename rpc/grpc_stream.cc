@@ -1,6 +1,7 @@
 #include "rpc/grpc_stream.h"
 
 #include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/support/client_callback.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <malloc.h>
 
@@ -274,6 +275,88 @@ absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
   return reply;
 }
 
+namespace {
+
+// One model upload as a client write reactor: header, chunks, trailer, one
+// write in flight at a time; deletes itself when the call is done.
+class ModelUpload final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
+ public:
+  ModelUpload(absl::string_view method,
+              std::unique_ptr<grpc::ClientContext> context,
+              std::unique_ptr<Chunker> chunker,
+              std::function<void(absl::StatusOr<v1::Reply>)> done)
+      : path_(PeerMethodPath(method)),
+        rpc_(path_.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING),
+        context_(std::move(context)),
+        chunker_(std::move(chunker)),
+        keep_alive_(chunker_->model()->storage()),
+        done_(std::move(done)) {}
+
+  void Start(grpc::ChannelInterface* channel) {
+    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
+        channel, rpc_, context_.get(), &reply_, this);
+    frame_ = EncodeHeaderFrame(chunker_->header());
+    StartWrite(&frame_);
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok || last_sent_) {
+      // Broken (the peer may have answered already), or all written: the
+      // call's status comes with OnDone.
+      all_written_ = ok && last_sent_;
+      return;
+    }
+    // The storage stays alive until gRPC has released every chunk's bytes.
+    if (std::optional<ChunkRef> chunk = chunker_->NextChunk()) {
+      frame_ = EncodeChunkFrame(*chunk, keep_alive_);
+      StartWrite(&frame_);
+      return;
+    }
+    frame_ = EncodeTrailerFrame(chunker_->Trailer());
+    last_sent_ = true;
+    StartWriteLast(&frame_, grpc::WriteOptions());
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::StatusOr<v1::Reply> result = reply_;
+    // An OK status with a reply means the peer decided, even if it stopped
+    // reading early (e.g. it refused the header); the reply says why.
+    if (!status.ok()) {
+      result = ToAbslStatus(status);
+    } else if (!all_written_ && reply_.message().empty()) {
+      result = absl::UnavailableError(
+          absl::StrCat("model stream to ", path_, " broke"));
+    }
+    std::function<void(absl::StatusOr<v1::Reply>)> done = std::move(done_);
+    delete this;
+    done(std::move(result));
+  }
+
+ private:
+  const std::string path_;
+  const grpc::internal::RpcMethod rpc_;
+  const std::unique_ptr<grpc::ClientContext> context_;
+  const std::unique_ptr<Chunker> chunker_;
+  const std::shared_ptr<const void> keep_alive_;
+  std::function<void(absl::StatusOr<v1::Reply>)> done_;
+  grpc::ByteBuffer frame_;
+  v1::Reply reply_;
+  bool last_sent_ = false;
+  bool all_written_ = false;
+};
+
+}  // namespace
+
+void StartModelUpload(grpc::ChannelInterface* channel, absl::string_view method,
+                      std::unique_ptr<grpc::ClientContext> context,
+                      std::unique_ptr<Chunker> chunker,
+                      std::function<void(absl::StatusOr<v1::Reply>)> done) {
+  auto* upload = new ModelUpload(method, std::move(context), std::move(chunker),
+                                 std::move(done));
+  upload->Start(channel);
+}
+
 absl::StatusOr<Model> ReceiveModelStream(
     grpc::ServerReaderInterface<grpc::ByteBuffer>* reader,
     Assembler* assembler) {
@@ -332,6 +415,20 @@ void RawModelService::AddModelUploadMethod(absl::string_view method,
             return handler(context, reader, reply);
           },
           this)));
+}
+
+void RawModelService::AddCallbackUploadMethod(absl::string_view method,
+                                              CallbackUploadHandler handler) {
+  const int index = AddCountedMethod(new grpc::internal::RpcServiceMethod(
+      StoreName(method), grpc::internal::RpcMethod::CLIENT_STREAMING,
+      nullptr));
+  MarkMethodCallback(
+      index,
+      new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer,
+                                                          v1::Reply>(
+          [handler](grpc::CallbackServerContext* context, v1::Reply* reply) {
+            return handler(context, reply);
+          }));
 }
 
 void RawModelService::AddModelDownloadMethod(absl::string_view method,

@@ -70,8 +70,17 @@ absl::StatusOr<Model> ReadModelFrames(
     absl::FunctionRef<bool(grpc::ByteBuffer*)> read, Assembler* assembler);
 
 // Client side of a client-streaming model RPC (LearnTask, SubmitResult,
-// FinalResult): streams `chunker`'s model and returns the peer's reply.
-// gRPC failures come back as absl statuses with the same code.
+// FinalResult) on gRPC's callback API: returns at once; no thread waits while
+// the frames go out (one write in flight at a time). `done` runs once, on a
+// gRPC thread, with the peer's reply or the failure (gRPC failures as absl
+// statuses with the same code). REQUIRES: `channel` outlives the call.
+void StartModelUpload(grpc::ChannelInterface* channel, absl::string_view method,
+                      std::unique_ptr<grpc::ClientContext> context,
+                      std::unique_ptr<Chunker> chunker,
+                      std::function<void(absl::StatusOr<v1::Reply>)> done);
+
+// The same, blocking the calling thread until the peer replies (tests and
+// benches that measure one stream).
 absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
                                             absl::string_view method,
                                             grpc::ClientContext* context,
@@ -103,6 +112,9 @@ class RawModelService : public grpc::Service {
  public:
   using UploadHandler = std::function<grpc::Status(
       grpc::ServerContext*, grpc::ServerReader<grpc::ByteBuffer>*, v1::Reply*)>;
+  using CallbackUploadHandler =
+      std::function<grpc::ServerReadReactor<grpc::ByteBuffer>*(
+          grpc::CallbackServerContext*, v1::Reply*)>;
   using DownloadHandler = std::function<grpc::Status(
       grpc::ServerContext*, const v1::FetchModelRequest*,
       grpc::ServerWriter<grpc::ByteBuffer>*)>;
@@ -110,6 +122,10 @@ class RawModelService : public grpc::Service {
  protected:
   // A client-streaming method whose request frames are raw.
   void AddModelUploadMethod(absl::string_view method, UploadHandler handler);
+  // The same on gRPC's callback API: `handler` returns the reactor that
+  // reads the frames (no thread waits for them).
+  void AddCallbackUploadMethod(absl::string_view method,
+                               CallbackUploadHandler handler);
   // FetchModel: unary request, raw response frames.
   void AddModelDownloadMethod(absl::string_view method,
                               DownloadHandler handler);

@@ -45,28 +45,6 @@ GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
                                      absl::Duration unary_timeout)
     : channels_(channels), runner_(runner), unary_timeout_(unary_timeout) {}
 
-absl::StatusOr<v1::Reply> GrpcPeerTransport::StreamModel(
-    const v1::SiteInfo& to, absl::string_view method,
-    const v1::ModelHeader& header, std::shared_ptr<const Model> model,
-    absl::Duration timeout) {
-  if (model == nullptr) {
-    // A header-only stream (a failed result): an empty model.
-    model = std::make_shared<const Model>();
-  }
-  const uint64_t chunk_size =
-      header.chunk_size() != 0 ? header.chunk_size() : kDefaultChunkSize;
-  absl::StatusOr<std::unique_ptr<Chunker>> chunker =
-      Chunker::Create(model, header, chunk_size);
-  if (!chunker.ok()) return chunker.status();
-  grpc::ClientContext context;
-  SetDeadline(&context,
-              std::max(timeout, StreamDeadline(model->total_bytes())));
-  absl::StatusOr<v1::Reply> reply = StreamModelToPeer(
-      channels_->Get(to.address()).get(), method, &context, chunker->get());
-  if (!reply.ok()) return PeerError(to, method, reply.status());
-  return reply;
-}
-
 void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
   for (const v1::SiteInfo& site : job.sites()) {
     // Starts connecting (and the TLS handshake) in the background.
@@ -78,19 +56,38 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
                              Done done) {
   const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
   if (message.is_model_stream()) {
-    runner_->Post([this, to, message = std::move(message), timeout,
-                   done = std::move(done)] {
-      const char* method = message.kind == CallKind::kLearnTask ? "LearnTask"
-                           : message.kind == CallKind::kSubmitResult
-                               ? "SubmitResult"
-                               : "FinalResult";
-      absl::StatusOr<v1::Reply> reply =
-          StreamModel(to, method, message.header, message.model, timeout);
-      if (!reply.ok()) return done(reply.status());
-      PeerReply peer;
-      peer.reply = std::move(*reply);
-      done(std::move(peer));
-    });
+    const char* method = message.kind == CallKind::kLearnTask ? "LearnTask"
+                         : message.kind == CallKind::kSubmitResult
+                             ? "SubmitResult"
+                             : "FinalResult";
+    // A header-only stream (a failed result) carries an empty model.
+    std::shared_ptr<const Model> model = message.model != nullptr
+                                             ? message.model
+                                             : std::make_shared<const Model>();
+    const uint64_t chunk_size = message.header.chunk_size() != 0
+                                    ? message.header.chunk_size()
+                                    : kDefaultChunkSize;
+    absl::StatusOr<std::unique_ptr<Chunker>> chunker =
+        Chunker::Create(model, message.header, chunk_size);
+    if (!chunker.ok()) {
+      // Not inside Send: the caller may hold what `done` needs.
+      runner_->Post([done = std::move(done), status = chunker.status()] {
+        done(status);
+      });
+      return;
+    }
+    auto context = std::make_unique<grpc::ClientContext>();
+    SetDeadline(context.get(),
+                std::max(timeout, StreamDeadline(model->total_bytes())));
+    StartModelUpload(
+        channels_->Get(to.address()).get(), method, std::move(context),
+        std::move(*chunker),
+        [to, method, done = std::move(done)](absl::StatusOr<v1::Reply> reply) {
+          if (!reply.ok()) return done(PeerError(to, method, reply.status()));
+          PeerReply peer;
+          peer.reply = std::move(*reply);
+          done(std::move(peer));
+        });
     return;
   }
   // A small call on the callback API: the state lives until it ends.

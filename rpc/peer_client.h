@@ -39,9 +39,10 @@ class PeerChannels {
 
 class GrpcPeerTransport final : public PeerTransport {
  public:
-  // `runner` runs the model streams (each holds a worker while it sends);
-  // the small calls go through gRPC's callback API and hold no thread.
-  // `unary_timeout`: the least deadline of any call.
+  // Every call goes through gRPC's callback API (model streams as client
+  // write reactors): no thread waits for a peer. `runner` only reports a
+  // call that fails before it starts. `unary_timeout`: the least deadline
+  // of any call.
   GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
                     absl::Duration unary_timeout = absl::Seconds(10));
   GrpcPeerTransport(const GrpcPeerTransport&) = delete;
@@ -51,12 +52,6 @@ class GrpcPeerTransport final : public PeerTransport {
   void Send(const v1::SiteInfo& to, PeerMessage message, Done done) override;
 
  private:
-  absl::StatusOr<v1::Reply> StreamModel(const v1::SiteInfo& to,
-                                        absl::string_view method,
-                                        const v1::ModelHeader& header,
-                                        std::shared_ptr<const Model> model,
-                                        absl::Duration timeout);
-
   PeerChannels* const channels_;
   TaskRunner* const runner_;
   const absl::Duration unary_timeout_;

@@ -3,12 +3,12 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
+#include "rpc/stream_watchdog.h"
 #include "security/certificates.h"
 
 namespace swarm {
@@ -34,58 +34,6 @@ std::string HostOf(const std::string& peer) {
 }
 
 }  // namespace
-
-// Cancels model streams that run longer than allowed: a stalled sender
-// cannot hold a server thread forever.
-class StreamWatchdog {
- public:
-  StreamWatchdog() : thread_([this] { Run(); }) {}
-  ~StreamWatchdog() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    thread_.join();
-  }
-  void Watch(grpc::ServerContext* context, absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    watched_[context] = deadline;
-  }
-  void Forget(grpc::ServerContext* context) {
-    absl::MutexLock lock(&mu_);
-    watched_.erase(context);
-  }
-
- private:
-  void Run() {
-    absl::MutexLock lock(&mu_);
-    while (!stopping_) {
-      absl::Time next = absl::InfiniteFuture();
-      const absl::Time now = absl::Now();
-      for (auto it = watched_.begin(); it != watched_.end();) {
-        if (it->second <= now) {
-          SWARM_LOG_WARNING("cancelling a model stream from %s: too slow",
-                            it->first->peer());
-          it->first->TryCancel();
-          it = watched_.erase(it);
-        } else {
-          next = std::min(next, it->second);
-          ++it;
-        }
-      }
-      const size_t size = watched_.size();
-      auto changed = [this, size]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || watched_.size() != size;
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&changed), next);
-    }
-  }
-
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<grpc::ServerContext*, absl::Time> watched_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
 
 // One call counted against its peer's budget.
 class PeerService::CallSlot {
@@ -214,12 +162,11 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         *reply = controller_->Start(*request);
         return grpc::Status::OK;
       });
-  auto receive = [this](grpc::ServerContext* context,
-                        grpc::ServerReader<grpc::ByteBuffer>* reader,
+  auto receive = [this](grpc::CallbackServerContext* context,
                         v1::Reply* reply) {
-    return ReceiveModel(context, reader, reply);
+    return ReceiveModel(context, reply);
   };
-  AddModelUploadMethod("LearnTask", receive);
+  AddCallbackUploadMethod("LearnTask", receive);
   AddCallbackUnaryMethod<v1::SubmitPermissionRequest,
                          v1::SubmitPermissionReply>(
       "RequestToSubmit", [this](grpc::CallbackServerContext* context,
@@ -227,7 +174,7 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
                                 v1::SubmitPermissionReply* reply) {
         return RequestToSubmit(context, request, reply);
       });
-  AddModelUploadMethod("SubmitResult", receive);
+  AddCallbackUploadMethod("SubmitResult", receive);
   AddUnaryMethod<v1::ShareBestRequest, v1::Reply>(
       "ShareBest",
       [this](grpc::ServerContext* context, const v1::ShareBestRequest* request,
@@ -239,7 +186,7 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         *reply = controller_->ShareBest(*request);
         return grpc::Status::OK;
       });
-  AddModelUploadMethod("FinalResult", receive);
+  AddCallbackUploadMethod("FinalResult", receive);
   AddCallbackUnaryMethod<v1::StatusRequest, v1::StatusReply>(
       "Status",
       [this](grpc::CallbackServerContext* context,
@@ -264,54 +211,149 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
       });
 }
 
-grpc::Status PeerService::ReceiveModel(
-    grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
-    v1::Reply* reply) {
-  grpc::ByteBuffer first;
-  if (!reader->Read(&first)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "model stream ended before its header");
+// A model upload (LearnTask, SubmitResult, FinalResult) as a read reactor,
+// as in gRPC's route_guide_callback_server: the header is authorized and
+// admitted before any body frame is read, body frames go to the assembler as
+// they arrive, and the site's reply finishes the call. No thread waits for
+// the sender or for the site.
+class PeerService::UploadCall final
+    : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  UploadCall(PeerService* service, grpc::CallbackServerContext* context,
+             v1::Reply* reply)
+      : service_(service),
+        context_(context),
+        receiver_(service->controller_),
+        shared_(std::make_shared<Shared>()) {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->call = this;
+    shared_->reply = reply;
   }
-  v1::ModelFrame frame;
-  {
-    grpc::ProtoBufferReader parse(&first);
-    if (!frame.ParseFromZeroCopyStream(&parse) || !frame.has_header()) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          "the first frame of a model stream must be its header");
+
+  void Start() { StartRead(&frame_); }
+
+  void OnReadDone(bool ok) override {
+    if (!header_read_) return OnHeader(ok);
+    if (!ok) return HandToSite(receiver_.assembler()->Finish());
+    if (absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
+        !fed.ok()) {
+      // The sender broke a rule of the stream: stop reading; the site
+      // says why in its reply.
+      return HandToSite(fed);
     }
+    StartRead(&frame_);
   }
-  const v1::ModelHeader& header = frame.header();
-  std::unique_ptr<CallSlot> slot;
-  grpc::Status allowed = Authorize(
-      context, absl::StrCat(v1::ModelKind_Name(header.kind()), " stream"),
-      Rule::kSender, header.sender(), &slot);
-  if (!allowed.ok()) return allowed;
-  watchdog_->Watch(context, absl::Now() + options_.max_stream_time);
-  struct Unwatch {
-    StreamWatchdog* watchdog;
-    grpc::ServerContext* context;
-    ~Unwatch() { watchdog->Forget(context); }
-  } unwatch{watchdog_.get(), context};
-  ModelReceiver receiver(controller_);
-  absl::Status admitted = receiver.Begin(header, first.Length());
-  if (!admitted.ok()) {
-    SWARM_LOG_WARNING("refused %s stream from %s (%s): %s",
-                      v1::ModelKind_Name(header.kind()), header.sender(),
-                      context->peer(), admitted.message());
-    return ToGrpcStatus(admitted);
+
+  // While a read is pending, it ends (not OK) and OnReadDone finishes the
+  // call; only a call waiting for the site's reply is finished here.
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (!shared_->waiting_for_site || shared_->call == nullptr) return;
+      shared_->call = nullptr;
+    }
+    Finish(grpc::Status::CANCELLED);
   }
-  if (receiver.answered()) {
-    *reply = receiver.reply();
-    return grpc::Status::OK;
+
+  void OnDone() override {
+    if (watched_) service_->watchdog_->Forget(context_);
+    delete this;
   }
-  absl::StatusOr<Model> model =
-      receiver.assembler() != nullptr
-          ? ReceiveModelStream(reader, receiver.assembler())
-          : absl::StatusOr<Model>(absl::InvalidArgumentError("bad header"));
-  *reply = receiver.FinishAndWait(std::move(model),
-                                  CallDeadline(context) - kDeadlineMargin);
-  return grpc::Status::OK;
+
+ private:
+  // What the site's reply finds: the call, until it finishes.
+  struct Shared {
+    absl::Mutex mu;
+    UploadCall* call ABSL_GUARDED_BY(mu) = nullptr;
+    v1::Reply* reply ABSL_GUARDED_BY(mu) = nullptr;
+    bool waiting_for_site ABSL_GUARDED_BY(mu) = false;
+  };
+
+  void OnHeader(bool ok) {
+    header_read_ = true;
+    if (!ok) {
+      return EndNow(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "model stream ended before its header"));
+    }
+    v1::ModelFrame frame;
+    grpc::ProtoBufferReader parse(&frame_);
+    if (!frame.ParseFromZeroCopyStream(&parse) || !frame.has_header()) {
+      return EndNow(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       "the first frame of a model stream must be its header"));
+    }
+    const v1::ModelHeader& header = frame.header();
+    const std::string what =
+        absl::StrCat(v1::ModelKind_Name(header.kind()), " stream");
+    grpc::Status allowed = service_->Authorize(
+        context_, what, Rule::kSender, header.sender(), &slot_);
+    if (!allowed.ok()) return EndNow(allowed);
+    service_->watchdog_->Watch(context_,
+                               absl::Now() + service_->options_.max_stream_time);
+    watched_ = true;
+    absl::Status admitted = receiver_.Begin(header, frame_.Length());
+    if (!admitted.ok()) {
+      SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, header.sender(),
+                        context_->peer(), admitted.message());
+      return EndNow(ToGrpcStatus(admitted));
+    }
+    if (receiver_.answered()) return Answer(shared_, receiver_.reply());
+    if (receiver_.assembler() == nullptr) {
+      return HandToSite(absl::InvalidArgumentError("bad header"));
+    }
+    StartRead(&frame_);
+  }
+
+  // Every read is done: the model (or why the stream broke) goes to the
+  // site, whose reply finishes the call, now or later.
+  void HandToSite(absl::StatusOr<Model> model) {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->waiting_for_site = true;
+    }
+    std::shared_ptr<Shared> shared = shared_;
+    receiver_.Finish(std::move(model), [shared](v1::Reply reply) {
+      Answer(shared, std::move(reply));
+    });
+  }
+
+  void EndNow(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (shared_->call == nullptr) return;
+      shared_->call = nullptr;
+    }
+    Finish(status);
+  }
+
+  static void Answer(const std::shared_ptr<Shared>& shared, v1::Reply reply) {
+    UploadCall* finishing = nullptr;
+    {
+      absl::MutexLock lock(&shared->mu);
+      if (shared->call == nullptr) return;  // Cancelled.
+      *shared->reply = std::move(reply);
+      finishing = shared->call;
+      shared->call = nullptr;
+    }
+    // Outside the lock: the reactor may be deleted (OnDone) from here on.
+    finishing->Finish(grpc::Status::OK);
+  }
+
+  PeerService* const service_;
+  grpc::CallbackServerContext* const context_;
+  ModelReceiver receiver_;
+  const std::shared_ptr<Shared> shared_;
+  std::unique_ptr<CallSlot> slot_;
+  grpc::ByteBuffer frame_;
+  bool header_read_ = false;
+  bool watched_ = false;
+};
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(
+    grpc::CallbackServerContext* context, v1::Reply* reply) {
+  auto* call = new UploadCall(this, context, reply);
+  call->Start();
+  return call;
 }
 
 // A unary call answered now or held until something changes, as a reactor:

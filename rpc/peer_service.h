@@ -52,6 +52,7 @@ class PeerService final : public RawModelService {
   class CallSlot;
   class HeldCall;
   class PermissionCall;
+  class UploadCall;
 
   // Checks `rule` for the caller and takes one of its call slots (released
   // when `slot` goes away). The error is the gRPC status to return.
@@ -61,9 +62,9 @@ class PeerService final : public RawModelService {
                          std::unique_ptr<CallSlot>* slot);
   void ReleaseSlot(const std::string& peer);
 
-  grpc::Status ReceiveModel(grpc::ServerContext* context,
-                            grpc::ServerReader<grpc::ByteBuffer>* reader,
-                            v1::Reply* reply);
+  // A model upload, on the callback API (see UploadCall).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ReceiveModel(
+      grpc::CallbackServerContext* context, v1::Reply* reply);
   // Held calls, on the callback API: a RETRY permission answer is held
   // until a slot frees or the round opens, a Status call with
   // wait_for_change_ms until the status changes, each up to the caller's

@@ -1,0 +1,245 @@
+// Step tests of one SiteMachine (design section 3): the scatter and the
+// election, the trainer's side of a round, and the finish. The aggregator's
+// side of a round is in site_machine_round_test.cc.
+#include "controller/site_machine_fixture.h"
+
+namespace swarm {
+namespace site_machine_testing {
+namespace {
+
+// --- Scatter and election (steps 1, 2).
+
+TEST_F(SiteMachineTest, StartingSiteElectsAndScattersTheFirstRound) {
+  const v1::JobConfig job = Job([](v1::JobConfig* j) {
+    j->clear_trainers();  // Every site trains and may aggregate.
+    j->clear_aggregator_candidates();
+  });
+  Make("a", job);
+  const Effects fx = StartAndScatter();
+  const std::vector<std::string> order = ElectionOrder(job, 0);
+  const std::string& aggregator = order[0];
+  std::vector<std::string> others = view_->trainers();
+  others.erase(std::find(others.begin(), others.end(), aggregator));
+  const auto tasks = FindSends(fx, CallKind::kLearnTask);
+  EXPECT_THAT(Targets(tasks), ElementsAreArray(others));  // Not the aggregator.
+  for (const effect::Send* t : tasks) {
+    EXPECT_EQ(t->message.header.round(), 0u);
+    EXPECT_EQ(t->message.header.sender(), "a");
+    EXPECT_EQ(t->message.header.aggregator(), aggregator);
+    EXPECT_THAT(t->message.header.backup_aggregators(),
+                ElementsAreArray(order.begin() + 1, order.end()));
+  }
+  // One trainer refuses; then the aggregator's task names the others. a's
+  // own task is a Send to a, like any other (the driver loops it back).
+  const std::string refusing = others.back() == "a" ? others[0] : others.back();
+  Effects last;
+  for (const effect::Send* t : tasks) {
+    last = Done(
+        *t, t->to.name() == refusing ? v1::OUTCOME_REJECTED : v1::OUTCOME_OK);
+  }
+  const auto to_aggregator = FindSends(last, CallKind::kLearnTask);
+  ASSERT_THAT(Targets(to_aggregator), ElementsAre(aggregator));
+  std::vector<std::string> expected = view_->trainers();
+  expected.erase(std::find(expected.begin(), expected.end(), refusing));
+  std::sort(expected.begin(), expected.end());
+  EXPECT_THAT(to_aggregator[0]->message.header.expected_trainers(),
+              ElementsAreArray(expected));
+  std::vector<std::string> all = Targets(tasks);
+  all.push_back(aggregator);
+  EXPECT_THAT(all, Contains("a"));
+  EXPECT_THAT(Status().last_error(), HasSubstr("learn task to " + refusing));
+}
+
+TEST_F(SiteMachineTest, ElectionIsReproducibleFromSeedAndRound) {
+  std::set<std::string> elected;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const v1::JobConfig job = Job([seed](v1::JobConfig* j) {
+      j->clear_aggregator_candidates();
+      j->set_seed(seed);
+    });
+    std::set<std::string> named;  // By two fresh machines.
+    for (int run = 0; run < 2; ++run) {
+      Make("a", job);
+      const Effects fx = StartAndScatter();
+      for (const auto* t : FindSends(fx, CallKind::kLearnTask)) {
+        named.insert(t->message.header.aggregator());
+      }
+    }
+    EXPECT_THAT(named, ElementsAre(ElectionOrder(job, 0).at(0)));
+    elected.insert(named.begin(), named.end());
+  }
+  EXPECT_GT(elected.size(), 1u) << "a draw, not a fixed choice";
+}
+
+TEST_F(SiteMachineTest, LearnTaskForAFinishedRoundIsRefused) {
+  Make("b");
+  Delivery one = Deliver(LearnTask(1), Shared(1));
+  ASSERT_EQ(one.reply.outcome(), v1::OUTCOME_OK) << one.reply.message();
+  ASSERT_EQ(All<effect::StartTraining>(one.effects).size(), 1u);
+  Delivery old = Deliver(LearnTask(0), Shared(1));
+  EXPECT_EQ(old.admitted.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(old.admitted.message(), HasSubstr("learn task of round 1"));
+  EXPECT_THAT(All<effect::StartTraining>(old.effects), IsEmpty());
+  // The body alone (past the header check) is refused the same way.
+  const Effects body = Step(event::ModelBody{99, LearnTask(0), Shared(1)});
+  EXPECT_EQ(OutcomeOf(body, 99), v1::OUTCOME_REJECTED);
+  EXPECT_THAT(All<effect::StartTraining>(body), IsEmpty());
+  EXPECT_EQ(Status().round(), 1u);
+}
+
+// --- Train, ask, submit (steps 3 to 5): the trainer.
+
+TEST_F(SiteMachineTest, TrainerTrainsAsksRetriesAndSubmits) {
+  Make("b");
+  std::shared_ptr<const Model> global = Shared(1);
+  const Delivery task = Deliver(LearnTask(0), global);
+  const auto train = All<effect::StartTraining>(task.effects);
+  ASSERT_EQ(train.size(), 1u);
+  EXPECT_EQ(train[0]->round, 0u);
+  EXPECT_EQ(train[0]->global, global);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_TRAINING);
+
+  Effects fx = Trained();
+  auto ask = FindSends(fx, CallKind::kRequestToSubmit);
+  ASSERT_THAT(Targets(ask), ElementsAre("d"));
+  EXPECT_EQ(ask[0]->message.permission.round(), 0u);
+  EXPECT_EQ(ask[0]->message.permission.sender(), "b");
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_WAITING_FOR_PERMISSION);
+
+  fx = Done(*ask[0], v1::OUTCOME_RETRY, /*retry_after_ms=*/250);
+  EXPECT_THAT(All<effect::Send>(fx), IsEmpty());
+  ASSERT_THAT(TimerTimes(fx), ElementsAre(kT0 + absl::Milliseconds(250)));
+  fx = Fire(*All<effect::SetTimer>(fx)[0]);
+  ask = FindSends(fx, CallKind::kRequestToSubmit);
+  ASSERT_THAT(Targets(ask), ElementsAre("d"));
+
+  fx = Done(*ask[0], v1::OUTCOME_OK);
+  const auto submit = FindSends(fx, CallKind::kSubmitResult);
+  ASSERT_THAT(Targets(submit), ElementsAre("d"));
+  const v1::ModelHeader& result = submit[0]->message.header;
+  EXPECT_EQ(result.kind(), v1::MODEL_KIND_RESULT);
+  EXPECT_EQ(result.round(), 0u);
+  EXPECT_EQ(result.sample_count(), 2u);
+  EXPECT_DOUBLE_EQ(result.metrics().at("accuracy"), 0.5);
+  EXPECT_FLOAT_EQ(First(*submit[0]->message.model), 3.0f);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_SUBMITTING);
+  Done(*submit[0]);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_IDLE);
+  EXPECT_EQ(Status().counters().rounds_trained(), 1u);
+}
+
+TEST_F(SiteMachineTest, TrainerGivesUpAskingAfterMaxWait) {
+  Make("b");
+  Deliver(LearnTask(0), Shared(1));
+  Effects fx = Trained();
+  now_ = kT0 + absl::Seconds(29);  // Within request_to_submit_max_wait (30 s).
+  fx = Done(*FindSends(fx, CallKind::kRequestToSubmit).at(0), v1::OUTCOME_RETRY,
+            500);
+  fx = Fire(*All<effect::SetTimer>(fx).at(0));
+  const effect::Send ask = *FindSends(fx, CallKind::kRequestToSubmit).at(0);
+  now_ += absl::Milliseconds(300);  // The next retry would end past it.
+  fx = Done(ask, v1::OUTCOME_RETRY, 500);
+  EXPECT_THAT(All<effect::Send>(fx), IsEmpty());
+  EXPECT_THAT(All<effect::SetTimer>(fx), IsEmpty());
+  EXPECT_THAT(Status().last_error(), HasSubstr("gave up asking d"));
+  EXPECT_NE(Status().state(), v1::SITE_STATE_WAITING_FOR_PERMISSION);
+}
+
+TEST_F(SiteMachineTest, UnreachableAggregatorRetriesAtIntervalThenFails) {
+  Make("b");
+  Deliver(LearnTask(0), Shared(1));
+  Effects fx = Trained();
+  const effect::Send ask = *FindSends(fx, CallKind::kRequestToSubmit).at(0);
+  fx = Step(event::CallDone{ask.call, absl::UnavailableError("down")});
+  // After an error, the interval paces the retry.
+  ASSERT_THAT(TimerTimes(fx), ElementsAre(kT0 + absl::Milliseconds(100)));
+  fx = Fire(*All<effect::SetTimer>(fx)[0]);
+  const effect::Send again = *FindSends(fx, CallKind::kRequestToSubmit).at(0);
+  now_ = kT0 + absl::Seconds(30);
+  fx = Step(event::CallDone{again.call, absl::UnavailableError("down")});
+  EXPECT_THAT(All<effect::Send>(fx), IsEmpty());
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_FAILED);
+  EXPECT_THAT(Status().last_error(), HasSubstr("request_to_submit_max_wait"));
+}
+
+// --- Finish (step 8). The machine sends LAST before BEST on purpose (LAST
+// carries the final record that sites check a holder's BEST against).
+
+TEST_F(SiteMachineTest, LastAggregatorHoldingBestSendsLastThenBestAndIsDone) {
+  OpenAtD(1, {"a", "b"});  // The last round; d scores it: d holds the best.
+  Submit("a", 1);
+  const Effects fx = Aggregated(Submit("b", 1).effects);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_DISTRIBUTING);
+  const auto last = FindSends(fx, CallKind::kFinalResult);
+  ASSERT_THAT(Targets(last), ElementsAre("a", "b", "c", "d", "e"));
+  Effects then;
+  for (const effect::Send* s : last) {
+    EXPECT_EQ(s->message.header.kind(), v1::MODEL_KIND_LAST);
+    if (s->to.name() == "d") {  // Looped back to d itself.
+      EXPECT_EQ(Deliver(s->message.header, s->message.model).reply.outcome(),
+                v1::OUTCOME_OK);
+    }
+    EXPECT_THAT(FindSends(then, CallKind::kFinalResult), IsEmpty());
+    then = Done(*s);
+  }
+  const auto best = FindSends(then, CallKind::kFinalResult);
+  ASSERT_THAT(Targets(best), ElementsAre("a", "b", "c", "d", "e"));
+  EXPECT_EQ(best[0]->message.header.kind(), v1::MODEL_KIND_BEST);
+  EXPECT_EQ(best[0]->message.header.best().site(), "d");
+  EXPECT_FLOAT_EQ(First(*best[0]->message.model), 1.0f);  // Round 1's input.
+  EXPECT_NE(Status().state(), v1::SITE_STATE_DONE);
+  EXPECT_EQ(
+      Deliver(best[3]->message.header, best[3]->message.model).reply.outcome(),
+      v1::OUTCOME_OK);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_DONE);
+}
+
+TEST_F(SiteMachineTest, LastAggregatorAsksTheHolderToShareTheBest) {
+  OpenAtD(1, {"a", "b"}, Best("c", 0.99, 0));  // c holds an unbeaten best.
+  Submit("a", 1);
+  const Effects fx = Aggregated(Submit("b", 1).effects);
+  Effects then;
+  for (const auto* s : FindSends(fx, CallKind::kFinalResult)) then = Done(*s);
+  EXPECT_THAT(FindSends(then, CallKind::kFinalResult), IsEmpty());
+  const auto share = FindSends(then, CallKind::kShareBest);
+  ASSERT_THAT(Targets(share), ElementsAre("c"));
+  EXPECT_EQ(share[0]->message.share_best.best().round(), 0u);
+  EXPECT_THAT(share[0]->message.share_best.targets(),
+              ElementsAre("a", "b", "c", "d", "e"));
+}
+
+TEST_F(SiteMachineTest, FinalModelsOnlyFromKnownSendersThenDone) {
+  const v1::BestRecord best = Best("c", 0.9, 0);
+  Make("b");
+  Deliver(LearnTask(1, {}, best), Shared(1));
+  // a is neither the best holder (c) nor the last aggregator (d).
+  const Delivery forged =
+      Deliver(Header(v1::MODEL_KIND_BEST, 0, "a", best), Shared(7));
+  EXPECT_EQ(forged.admitted.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(PersistKinds(forged.effects), IsEmpty());
+  EXPECT_EQ(Deliver(Header(v1::MODEL_KIND_LAST, 1, "c", best), Shared(7))
+                .admitted.code(),
+            absl::StatusCode::kPermissionDenied);  // LAST only from d.
+  const Delivery from_holder =
+      Deliver(Header(v1::MODEL_KIND_BEST, 0, "c", best), Shared(5));
+  EXPECT_EQ(from_holder.reply.outcome(), v1::OUTCOME_OK);
+  EXPECT_THAT(PersistKinds(from_holder.effects), ElementsAre(What::kFinal));
+  EXPECT_NE(Status().state(), v1::SITE_STATE_DONE);
+  const Delivery last =
+      Deliver(Header(v1::MODEL_KIND_LAST, 1, "d", best), Shared(6));
+  EXPECT_EQ(last.reply.outcome(), v1::OUTCOME_OK);
+  EXPECT_THAT(PersistKinds(last.effects),
+              ElementsAre(What::kFinal, What::kState));
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_DONE);
+  // Done: the same LAST again is acknowledged unwritten; another is refused.
+  EXPECT_TRUE(Deliver(Header(v1::MODEL_KIND_LAST, 1, "d", best), Shared(6))
+                  .header_only);
+  EXPECT_EQ(Deliver(Header(v1::MODEL_KIND_LAST, 0, "d", best), Shared(6))
+                .admitted.code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_DONE);
+}
+
+}  // namespace
+}  // namespace site_machine_testing
+}  // namespace swarm
