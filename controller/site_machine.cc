@@ -130,6 +130,15 @@ void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
   PersistState();
 }
 
+void SiteMachine::PersistClearOffloadAndState() {
+  effect::Persist clear;
+  clear.what = effect::Persist::What::kClearOffload;
+  clear.persist = next_persist_++;
+  clear.job_id = job_->id();
+  out_.push_back(std::move(clear));
+  PersistState();
+}
+
 void SiteMachine::PersistState() {
   if (job_ == nullptr) return;
   effect::Persist persist;
@@ -229,12 +238,7 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   record_.self = options_.site;
   record_.state = v1::SITE_STATE_CONFIGURED;
   PermissionMayChange();
-  effect::Persist clear;
-  clear.what = effect::Persist::What::kClearOffload;
-  clear.persist = next_persist_++;
-  clear.job_id = job_->id();
-  out_.push_back(std::move(clear));
-  PersistState();
+  PersistClearOffloadAndState();
   out_.push_back(effect::PrepareTransport{job_->config()});
   SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->id(),
                  job_->config().sites_size(), job_->config().num_rounds());
@@ -285,12 +289,7 @@ void SiteMachine::OnAbort(event::Abort& e) {
   last_error_time_ = now_;
   record_.state = v1::SITE_STATE_ABORTED;
   EndActivity();  // Aggregators remove their offload files.
-  effect::Persist clear;
-  clear.what = effect::Persist::What::kClearOffload;
-  clear.persist = next_persist_++;
-  clear.job_id = job_->id();
-  out_.push_back(std::move(clear));
-  PersistState();
+  PersistClearOffloadAndState();
   SWARM_LOG_WARNING("job %s aborted (%s)", job_->id(), last_error_);
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "aborted"));
 }

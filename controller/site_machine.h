@@ -355,6 +355,9 @@ class SiteMachine {
   void EndActivity();  // Drops training, rounds, calls, held requests.
   void DropRounds();
   void PersistState();
+  // The job's offload files go first (nothing of an ended round is needed),
+  // then the state file. REQUIRES: a job.
+  void PersistClearOffloadAndState();
   v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const;
   AssemblerOptions AssemblerFor(v1::ModelKind kind) const;
   CallId Send(const std::string& to, PeerMessage message, Call call,

@@ -95,12 +95,7 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
                 e.model.status());
   }
   std::shared_ptr<const Model> next = std::move(*e.model);
-  effect::Persist clear;
-  clear.what = effect::Persist::What::kClearOffload;
-  clear.persist = next_persist_++;
-  clear.job_id = job_->id();
-  out_.push_back(std::move(clear));
-  PersistState();
+  PersistClearOffloadAndState();
   effect::Persist global;
   global.what = effect::Persist::What::kGlobal;
   global.persist = next_persist_++;

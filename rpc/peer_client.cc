@@ -56,10 +56,7 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
                              Done done) {
   const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
   if (message.is_model_stream()) {
-    const char* method = message.kind == CallKind::kLearnTask ? "LearnTask"
-                         : message.kind == CallKind::kSubmitResult
-                             ? "SubmitResult"
-                             : "FinalResult";
+    const absl::string_view method = CallKindName(message.kind);
     // A header-only stream (a failed result) carries an empty model.
     std::shared_ptr<const Model> model = message.model != nullptr
                                              ? message.model
@@ -102,11 +99,10 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
   std::unique_ptr<v1::Peer::Stub> stub =
       v1::Peer::NewStub(channels_->Get(to.address()));
   const bool permission = message.kind == CallKind::kRequestToSubmit;
-  auto finished = [call, to, permission,
+  auto finished = [call, to, method = CallKindName(message.kind),
                    done = std::move(done)](grpc::Status status) {
     if (!status.ok()) {
-      return done(PeerError(to, permission ? "RequestToSubmit" : "ShareBest",
-                            ToAbslStatus(status)));
+      return done(PeerError(to, method, ToAbslStatus(status)));
     }
     done(std::move(call->reply));
   };
