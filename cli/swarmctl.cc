@@ -281,8 +281,11 @@ std::string StatusRow(const std::string& name, const v1::SiteStatus& s) {
   const std::string validation =
       accuracy == s.metrics().end() ? "-"
                                     : absl::StrFormat("%.4f", accuracy->second);
-  return absl::StrFormat(kStatusRow, name, StateName(s.state()),
-                         role.empty() ? "-" : role, absl::StrCat(s.round()),
+  // "waiting for trainer" says more than "training" while it lasts.
+  const std::string state =
+      s.waiting_for().empty() ? StateName(s.state()) : s.waiting_for();
+  return absl::StrFormat(kStatusRow, name, state, role.empty() ? "-" : role,
+                         absl::StrCat(s.round()),
                          s.aggregator().empty() ? "-" : s.aggregator(),
                          validation, best, s.last_error());
 }

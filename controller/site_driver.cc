@@ -46,9 +46,16 @@ SiteDriver::SiteDriver(DriverOptions options, PeerTransport* transport,
       machine_(SiteMachineOptions{options_.site, options_.limits}),
       jitter_(static_cast<std::minstd_rand::result_type>(
           options_.jitter_seed != 0 ? options_.jitter_seed
-                                    : std::random_device{}())) {}
+                                    : std::random_device{}())) {
+  // What the learner waits for (an external trainer to attach) shows in
+  // status. Set here, with no lock held: the learner may call at once.
+  learner_->SetWaitingListener(
+      [this] { Feed(event::LearnerWaiting{learner_->WaitingFor()}); });
+}
 
 SiteDriver::~SiteDriver() {
+  // Returns once no call of the listener runs any more.
+  learner_->SetWaitingListener(nullptr);
   absl::MutexLock lock(&mu_);
   if (training_cancel_ != nullptr) *training_cancel_ = true;
 }

@@ -44,6 +44,8 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
         if constexpr (std::is_same_v<E, event::AggregationDone>)
           OnAggregationDone(e);
         if constexpr (std::is_same_v<E, event::PersistDone>) OnPersistDone(e);
+        if constexpr (std::is_same_v<E, event::LearnerWaiting>)
+          OnLearnerWaiting(e);
       },
       event);
   // A slot freed or a round opened: a held request may be answered now.
@@ -355,6 +357,12 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
       return Reply(e.request,
                    MakeReply(v1::OUTCOME_BAD_REQUEST, "unexpected model kind"));
   }
+}
+
+void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
+  if (e.what == learner_waiting_) return;
+  learner_waiting_ = std::move(e.what);
+  Changed();
 }
 
 void SiteMachine::OnPersistDone(event::PersistDone& e) {

@@ -142,6 +142,11 @@ struct PersistDone {
   absl::Status status;
   std::string what;
 };
+// What the learner waits for changed (Learner::WaitingFor; "" for nothing):
+// shown in status as `waiting_for`.
+struct LearnerWaiting {
+  std::string what;
+};
 }  // namespace event
 
 using Event =
@@ -149,7 +154,8 @@ using Event =
                  event::ModelHeader, event::ModelBody, event::PermissionAsked,
                  event::RequestCancelled, event::ShareBest, event::CallDone,
                  event::TimerFired, event::TrainingDone, event::InitialModel,
-                 event::AggregationDone, event::PersistDone>;
+                 event::AggregationDone, event::PersistDone,
+                 event::LearnerWaiting>;
 
 // ---------------------------------------------------------------------------
 // Effects
@@ -340,6 +346,7 @@ class SiteMachine {
   void OnInitialModel(event::InitialModel& e);
   void OnAggregationDone(event::AggregationDone& e);
   void OnPersistDone(event::PersistDone& e);
+  void OnLearnerWaiting(event::LearnerWaiting& e);
 
   // Helpers (site_machine.cc).
   bool Active() const;
@@ -434,6 +441,7 @@ class SiteMachine {
   RoundCounters closed_rounds_;
   std::map<std::string, double> metrics_;
   std::string last_error_;
+  std::string learner_waiting_;  // Learner::WaitingFor, as last reported.
   absl::Time last_error_time_ = absl::InfinitePast();
   uint64_t status_version_ = 0;
 

@@ -58,6 +58,7 @@ v1::StatusReply SiteMachine::Status() const {
   for (const auto& [name, value] : metrics_) {
     (*status->mutable_metrics())[name] = value;
   }
+  status->set_waiting_for(learner_waiting_);
   reply.set_version(status_version_);
   return reply;
 }

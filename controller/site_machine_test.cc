@@ -87,6 +87,25 @@ TEST_F(SiteMachineTest, LearnTaskForAFinishedRoundIsRefused) {
   EXPECT_EQ(Status().round(), 1u);
 }
 
+// The learner's waiting (an external trainer not attached yet) is status, and
+// a change of it wakes status watchers.
+TEST_F(SiteMachineTest, LearnerWaitingShowsInStatus) {
+  Make("c");
+  EXPECT_EQ(Status().waiting_for(), "");
+  const uint64_t before = machine_->status_version();
+  const Effects fx = Step(event::LearnerWaiting{"waiting for trainer"});
+  EXPECT_EQ(All<effect::StatusChanged>(fx).size(), 1u);
+  EXPECT_EQ(fx.size(), 1u);
+  EXPECT_EQ(Status().waiting_for(), "waiting for trainer");
+  EXPECT_GT(machine_->status_version(), before);
+  const uint64_t waiting = machine_->status_version();
+  Step(event::LearnerWaiting{"waiting for trainer"});  // No change.
+  EXPECT_EQ(machine_->status_version(), waiting);
+  Step(event::LearnerWaiting{""});
+  EXPECT_EQ(Status().waiting_for(), "");
+  EXPECT_GT(machine_->status_version(), waiting);
+}
+
 // --- Train, ask, submit (steps 3 to 5): the trainer.
 
 TEST_F(SiteMachineTest, TrainerTrainsAsksRetriesAndSubmits) {

@@ -10,12 +10,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "proto/swarm.pb.h"
 #include "model/model.h"
+#include "proto/swarm.pb.h"
 
 namespace swarm {
 
@@ -55,6 +56,15 @@ class Learner {
       const std::map<std::string, std::string>& job_params) {
     return absl::OkStatus();
   }
+
+  // What the learner waits for right now, for the site's status, or "": e.g.
+  // "waiting for trainer" while an external trainer has a task to take and
+  // none is attached. May be called from any thread. Default: "".
+  virtual std::string WaitingFor() { return ""; }
+  // `changed` runs (on a thread of the learner's, holding none of its
+  // locks) after WaitingFor() changed; null stops it. Returns once no
+  // earlier listener runs any more. Default: WaitingFor() never changes.
+  virtual void SetWaitingListener(std::function<void()> changed) {}
 };
 
 }  // namespace swarm

@@ -116,17 +116,17 @@ absl::StatusOr<std::unique_ptr<ExternalLearner>> ExternalLearner::Create(
   absl::Status made = MakeDirs(handoff_dir);
   if (made.ok()) made = MakeDirs(persist::DirName(socket_path));
   if (!made.ok()) {
-    return absl::Status(made.code(), absl::StrCat("trainer link: ",
-                                                  made.message()));
+    return absl::Status(made.code(),
+                        absl::StrCat("trainer link: ", made.message()));
   }
   chmod(handoff_dir.c_str(), 0700);
   CleanHandoffDir(handoff_dir);
   struct stat st;
   if (lstat(socket_path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "trainer.socket_path ", socket_path,
-          " exists and is not a socket (refusing to replace it)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("trainer.socket_path ", socket_path,
+                       " exists and is not a socket (refusing to replace it)"));
     }
     unlink(socket_path.c_str());  // Left by a previous run.
   }
@@ -145,7 +145,8 @@ absl::StatusOr<std::unique_ptr<ExternalLearner>> ExternalLearner::Create(
           : absl::StrCat("attach mode: start the trainer with ", kSocketEnv,
                          "=", socket_path);
   learner->link_ = std::make_unique<TrainerLink>(options);
-  learner->link_->SetParams(MergeLearnerParams(config.learner(), std::map<std::string, std::string>()));
+  learner->link_->SetParams(MergeLearnerParams(
+      config.learner(), std::map<std::string, std::string>()));
   learner->service_ = std::make_unique<LinkService>(learner->link_.get());
 
   grpc::ServerBuilder builder;
@@ -158,8 +159,7 @@ absl::StatusOr<std::unique_ptr<ExternalLearner>> ExternalLearner::Create(
         "trainer link: cannot listen on unix socket ", socket_path));
   }
   if (chmod(socket_path.c_str(), 0600) != 0) {
-    return persist::ErrnoError(errno, "trainer link: chmod 0600",
-                               socket_path);
+    return persist::ErrnoError(errno, "trainer link: chmod 0600", socket_path);
   }
   SWARM_LOG_INFO("trainer link on %s (%s mode)", socket_path,
                  config.trainer().mode());
@@ -202,6 +202,12 @@ void ExternalLearner::Shutdown() {
 
 void ExternalLearner::SetJobView(std::function<JobView()> view) {
   link_->SetJobView(std::move(view));
+}
+
+std::string ExternalLearner::WaitingFor() { return link_->WaitingFor(); }
+
+void ExternalLearner::SetWaitingListener(std::function<void()> changed) {
+  link_->SetWaitingListener(std::move(changed));
 }
 
 absl::StatusOr<Model> ExternalLearner::InitialModel() {

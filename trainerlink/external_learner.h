@@ -46,6 +46,8 @@ class ExternalLearner final : public Learner {
 
   // See TrainerLink::SetJobView.
   void SetJobView(std::function<JobView()> view);
+  std::string WaitingFor() override;
+  void SetWaitingListener(std::function<void()> changed) override;
 
   absl::StatusOr<Model> InitialModel() override;
   absl::StatusOr<Metrics> Validate(const Model& global,

@@ -94,10 +94,9 @@ void TrainerLink::DropSession(const std::string& reason) {
       absl::StrCat(session_->name, " (pid ", session_->pid, ")");
   if (task_ != nullptr && task_->state == TaskState::kRunning &&
       task_->session == session_->id) {
-    Finish(task_.get(),
-           absl::UnavailableError(absl::StrCat("trainer ", who, " ", reason,
-                                               " during ",
-                                               TaskName(task_->proto))));
+    Finish(task_.get(), absl::UnavailableError(
+                            absl::StrCat("trainer ", who, " ", reason,
+                                         " during ", TaskName(task_->proto))));
   }
   SWARM_LOG_WARNING("trainer %s dropped: %s", who, reason);
   session_.reset();
@@ -111,14 +110,30 @@ void TrainerLink::TrainerExited(int64_t pid, const std::string& how) {
   }
 }
 
-void TrainerLink::WatchLeases() {
+bool TrainerLink::WaitingForTrainerLocked() const {
+  return !shutdown_ && !session_.has_value() && task_ != nullptr &&
+         task_->state != TaskState::kFinished;
+}
+
+std::string TrainerLink::WaitingFor() {
   absl::MutexLock lock(&mu_);
+  return WaitingForTrainerLocked() ? "waiting for trainer" : "";
+}
+
+void TrainerLink::SetWaitingListener(std::function<void()> changed) {
+  absl::MutexLock lock(&listener_mu_);
+  waiting_listener_ = std::move(changed);
+}
+
+void TrainerLink::WatchLeases() {
+  mu_.Lock();
   while (!shutdown_) {
-    const absl::Time until = session_.has_value() ? session_->lease_until
-                                                  : absl::InfiniteFuture();
+    const absl::Time until =
+        session_.has_value() ? session_->lease_until : absl::InfiniteFuture();
     const uint64_t changes = session_changes_;
     auto changed = [this, changes]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return shutdown_ || session_changes_ != changes;
+      return shutdown_ || session_changes_ != changes ||
+             WaitingForTrainerLocked() != told_waiting_;
     };
     mu_.AwaitWithDeadline(absl::Condition(&changed), until);
     if (shutdown_) break;
@@ -127,7 +142,19 @@ void TrainerLink::WatchLeases() {
                                absl::FormatDuration(options_.lease),
                                " (its lease)"));
     }
+    if (WaitingForTrainerLocked() != told_waiting_) {
+      told_waiting_ = !told_waiting_;
+      // The listener may take the daemon's locks (and ask WaitingFor()):
+      // it runs without the link's lock.
+      mu_.Unlock();
+      {
+        absl::MutexLock listening(&listener_mu_);
+        if (waiting_listener_) waiting_listener_();
+      }
+      mu_.Lock();
+    }
   }
+  mu_.Unlock();
 }
 
 absl::StatusOr<v1::AttachReply> TrainerLink::Attach(
@@ -162,8 +189,8 @@ absl::StatusOr<v1::AttachReply> TrainerLink::Attach(
   }
   Session session;
   session.id = NewSessionId();
-  session.name = request.trainer_name().empty() ? "trainer"
-                                                : request.trainer_name();
+  session.name =
+      request.trainer_name().empty() ? "trainer" : request.trainer_name();
   session.pid = request.pid();
   session.job = request.job_id();
   session.attached = now;
@@ -226,9 +253,8 @@ absl::StatusOr<v1::NextTaskReply> TrainerLink::NextTask(
   };
   // Capped so that the end of a job (which the link learns by asking
   // View) reaches an idle trainer within about a second.
-  const absl::Duration wait =
-      std::min({absl::Milliseconds(request.wait_ms()), options_.lease / 2,
-                kMaxTaskWait});
+  const absl::Duration wait = std::min({absl::Milliseconds(request.wait_ms()),
+                                        options_.lease / 2, kMaxTaskWait});
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
   found = FindSession(id);
   if (!found.ok()) return found.status();
@@ -246,20 +272,18 @@ absl::StatusOr<v1::NextTaskReply> TrainerLink::NextTask(
                    session->name);
     return reply;
   }
-  if (!session->job.empty() &&
-      (view.job_id != session->job || view.ended)) {
+  if (!session->job.empty() && (view.job_id != session->job || view.ended)) {
     job_end(session);
   }
   return reply;
 }
 
-absl::StatusOr<TrainerLink::Task*> TrainerLink::HeldTask(
-    const Session& session, uint64_t task_id) {
+absl::StatusOr<TrainerLink::Task*> TrainerLink::HeldTask(const Session& session,
+                                                         uint64_t task_id) {
   if (task_ != nullptr && task_->proto.task_id() == task_id) {
     if (task_->session != session.id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(TaskName(task_->proto),
-                       " is not held by this trainer session"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          TaskName(task_->proto), " is not held by this trainer session"));
     }
     if (task_->state == TaskState::kRunning) return task_.get();
   }
@@ -385,9 +409,9 @@ absl::StatusOr<std::shared_ptr<TrainerLink::Task>> TrainerLink::Publish(
     if (shutdown_) return absl::UnavailableError("the site is shutting down");
     task->proto.set_task_id(next_task_id_++);
     if (task_ != nullptr && task_->state != TaskState::kFinished) {
-      Finish(task_.get(),
-             absl::CancelledError(absl::StrCat(
-                 "superseded by ", TaskName(task->proto), " of round ", round)));
+      Finish(task_.get(), absl::CancelledError(absl::StrCat(
+                              "superseded by ", TaskName(task->proto),
+                              " of round ", round)));
     }
     superseded = std::move(task_);
   }
@@ -424,11 +448,12 @@ absl::StatusOr<std::shared_ptr<TrainerLink::Task>> TrainerLink::Publish(
     Retire(task);
     return absl::UnavailableError("the site is shutting down");
   }
-  for (const auto& [key, value] : params_) (*proto.mutable_params())[key] = value;
+  for (const auto& [key, value] : params_)
+    (*proto.mutable_params())[key] = value;
   if (task_ != nullptr && task_->state != TaskState::kFinished) {
     // Another call published meanwhile (a superseded round's late call).
-    Finish(task_.get(), absl::CancelledError(absl::StrCat(
-                            "superseded by ", TaskName(proto))));
+    Finish(task_.get(), absl::CancelledError(
+                            absl::StrCat("superseded by ", TaskName(proto))));
   }
   task_ = task;
   if (!session_.has_value() && !warned_waiting_) {
@@ -479,8 +504,8 @@ absl::StatusOr<Model> TrainerLink::InitialModel() {
   absl::Status status = Wait(*task, false, nullptr);
   Retire(*task);
   if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("initial model: ",
-                                                    status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("initial model: ", status.message()));
   }
   absl::MutexLock lock(&mu_);
   return std::move(*(*task)->result);
@@ -500,9 +525,8 @@ absl::StatusOr<Metrics> TrainerLink::Validate(const Model& global,
   return (*task)->validation.value_or(Metrics());
 }
 
-absl::StatusOr<TrainOutput> TrainerLink::Train(const Model& global,
-                                               uint32_t round,
-                                               const std::atomic<bool>& cancel) {
+absl::StatusOr<TrainOutput> TrainerLink::Train(
+    const Model& global, uint32_t round, const std::atomic<bool>& cancel) {
   std::shared_ptr<Task> task;
   {
     absl::MutexLock lock(&mu_);

@@ -34,13 +34,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "learner/learner.h"
-#include "proto/trainer_link.pb.h"
 #include "model/model.h"
+#include "proto/trainer_link.pb.h"
 
 namespace swarm::trainerlink {
 
-inline constexpr uint32_t kProtocolVersion =
-    v1::TRAINER_LINK_VERSION_CURRENT;
+inline constexpr uint32_t kProtocolVersion = v1::TRAINER_LINK_VERSION_CURRENT;
 
 struct LinkOptions {
   std::string site;
@@ -74,7 +73,8 @@ class TrainerLink {
 
   // --- Trainer side. Errors carry the codes listed in trainer_link.proto.
   absl::StatusOr<v1::AttachReply> Attach(const v1::AttachRequest& request);
-  absl::StatusOr<v1::NextTaskReply> NextTask(const v1::NextTaskRequest& request);
+  absl::StatusOr<v1::NextTaskReply> NextTask(
+      const v1::NextTaskRequest& request);
   absl::Status ReportValidation(const v1::ValidationRequest& request);
   absl::Status SubmitResult(const v1::SubmitResultRequest& request);
   absl::StatusOr<v1::HeartbeatReply> Heartbeat(
@@ -94,6 +94,11 @@ class TrainerLink {
                                     const std::atomic<bool>& cancel);
   // Ends every wait (Unavailable) and refuses further calls.
   void Shutdown();
+  // See Learner::WaitingFor and Learner::SetWaitingListener: "waiting for
+  // trainer" while a task is published and no trainer is attached. The
+  // listener runs on the link's watcher thread.
+  std::string WaitingFor();
+  void SetWaitingListener(std::function<void()> changed);
 
  private:
   struct Session {
@@ -108,7 +113,7 @@ class TrainerLink {
   enum class TaskState { kQueued, kRunning, kFinished };
   struct Task {
     v1::TrainerTask proto;
-    const Model* global = nullptr;  // Identity of a TRAIN task's model.
+    const Model* global = nullptr;     // Identity of a TRAIN task's model.
     std::vector<TensorSpec> expected;  // TRAIN: the result's tensors.
     TaskState state = TaskState::kQueued;
     std::string session;
@@ -143,7 +148,10 @@ class TrainerLink {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropSession(const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease watcher's thread: drops a session whose lease ran out, and
+  // tells the waiting listener when WaitingForLocked() changed.
   void WatchLeases();
+  bool WaitingForTrainerLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const LinkOptions options_;
   std::function<JobView()> job_view_;  // Set before use; read without mu_.
@@ -154,6 +162,11 @@ class TrainerLink {
   std::map<std::string, std::string> params_ ABSL_GUARDED_BY(mu_);
   std::optional<Session> session_ ABSL_GUARDED_BY(mu_);
   uint64_t session_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the waiting listener was last told.
+  bool told_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  // Held while the listener runs, so that replacing it waits for the call.
+  absl::Mutex listener_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::function<void()> waiting_listener_ ABSL_GUARDED_BY(listener_mu_);
   std::shared_ptr<Task> task_ ABSL_GUARDED_BY(mu_);
   uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Outcomes of recent tasks, for a trainer that calls about one late.

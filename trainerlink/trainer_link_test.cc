@@ -9,8 +9,10 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "persist/test_util.h"
@@ -18,6 +20,8 @@
 
 namespace swarm::trainerlink {
 namespace {
+
+using ::testing::ElementsAre;
 
 using ::testing::HasSubstr;
 
@@ -117,9 +121,8 @@ TEST_F(TrainerLinkTest, ValidateTrainSubmit) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->at("accuracy"), 0.75);
 
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 3, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 3, no_cancel_); });
   ASSERT_TRUE(Submit(session, task, MakeModel(10.0f), 16).ok());
   absl::StatusOr<TrainOutput> output = trained.get();
   ASSERT_TRUE(output.ok()) << output.status();
@@ -180,9 +183,8 @@ TEST_F(TrainerLinkTest, SecondTrainerIsRefusedUntilTheFirstLeaves) {
 TEST_F(TrainerLinkTest, ExpiredLeaseFailsTheTaskAndItIsNotHandedOutAgain) {
   const std::string session = Attach();
   Model global = MakeModel(1.0f);
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 1, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 1, no_cancel_); });
   v1::TrainerTask task = Next(session);
   ASSERT_EQ(task.kind(), v1::TRAINER_TASK_TRAIN);
   // The trainer goes silent: the lease (2 s) runs out.
@@ -196,8 +198,7 @@ TEST_F(TrainerLinkTest, ExpiredLeaseFailsTheTaskAndItIsNotHandedOutAgain) {
   // The old session is gone; a new trainer does not get the failed task.
   v1::NextTaskRequest next;
   next.set_session_id(session);
-  EXPECT_EQ(link_->NextTask(next).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(link_->NextTask(next).status().code(), absl::StatusCode::kNotFound);
   const std::string again = Attach("t2");
   EXPECT_EQ(Next(again, 200).kind(), v1::TRAINER_TASK_NONE);
   EXPECT_EQ(Submit(again, task, MakeModel(1.0f)).code(),
@@ -207,9 +208,8 @@ TEST_F(TrainerLinkTest, ExpiredLeaseFailsTheTaskAndItIsNotHandedOutAgain) {
 TEST_F(TrainerLinkTest, ProcessExitFailsTheTaskAtOnce) {
   const std::string session = Attach();
   Model global = MakeModel(1.0f);
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 1, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 1, no_cancel_); });
   Next(session);
   link_->TrainerExited(1234, "was killed by signal 9 (Killed)");
   absl::StatusOr<TrainOutput> output = trained.get();
@@ -234,8 +234,8 @@ TEST_F(TrainerLinkTest, BadResultsAreRefusedNamingTheTensor) {
                    "tensor \"w\": shape [5], the task's model has [4]"});
   cases.push_back({"dtype", MakeModel(1.0f, {4}, v1::DTYPE_F64), 1,
                    "tensor \"w\": dtype F64, the task's model has F32"});
-  cases.push_back({"nan", std::move(nan), 1,
-                   "tensor \"w\": element 2 is NaN or infinite"});
+  cases.push_back(
+      {"nan", std::move(nan), 1, "tensor \"w\": element 2 is NaN or infinite"});
   cases.push_back({"samples", MakeModel(1.0f), 0, "sample_count is 0"});
   const std::string session = Attach();
   uint32_t round = 0;
@@ -274,9 +274,8 @@ TEST_F(TrainerLinkTest, TrainerFailureAndCancelAndDeadline) {
   }
   {  // The round moves on: the trainer hears of it.
     std::atomic<bool> cancel{false};
-    auto trained = std::async(std::launch::async, [&] {
-      return link_->Train(global, 1, cancel);
-    });
+    auto trained = std::async(std::launch::async,
+                              [&] { return link_->Train(global, 1, cancel); });
     v1::TrainerTask task = Next(session);
     cancel = true;
     EXPECT_EQ(trained.get().status().code(), absl::StatusCode::kCancelled);
@@ -308,9 +307,8 @@ TEST_F(TrainerLinkTest, JobEndEndsTheTrainersLoop) {
   link_->SetJobView([&] { return JobView{"job-1", ended.load(), ""}; });
   const std::string session = Attach();
   Model global = MakeModel(1.0f);
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 0, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 0, no_cancel_); });
   v1::TrainerTask task = Next(session);
   ASSERT_TRUE(Submit(session, task, MakeModel(2.0f)).ok());
   ASSERT_TRUE(trained.get().ok());
@@ -321,12 +319,49 @@ TEST_F(TrainerLinkTest, JobEndEndsTheTrainersLoop) {
 
 TEST_F(TrainerLinkTest, ShutdownEndsAWait) {
   Model global = MakeModel(1.0f);
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 0, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 0, no_cancel_); });
   absl::SleepFor(absl::Milliseconds(50));
   link_->Shutdown();
   EXPECT_EQ(trained.get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Status shows "waiting for trainer" while a task has no trainer to take it:
+// the listener hears the change both ways.
+TEST_F(TrainerLinkTest, WaitingForTrainerUntilOneAttaches) {
+  absl::Mutex mu;
+  std::vector<std::string> heard;  // WaitingFor() at each call.
+  link_->SetWaitingListener([&] {
+    std::string now = link_->WaitingFor();
+    absl::MutexLock lock(&mu);
+    heard.push_back(std::move(now));
+  });
+  auto heard_at_least = [&](size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+      return heard.size() >= n;
+    };
+    mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return heard;
+  };
+  EXPECT_EQ(link_->WaitingFor(), "");  // No task: nothing to wait for.
+  Model global = MakeModel(1.0f);
+  auto metrics = std::async(std::launch::async,
+                            [&] { return link_->Validate(global, 0); });
+  EXPECT_THAT(heard_at_least(1), ElementsAre("waiting for trainer"));
+  EXPECT_EQ(link_->WaitingFor(), "waiting for trainer");
+
+  const std::string session = Attach();
+  EXPECT_THAT(heard_at_least(2), ElementsAre("waiting for trainer", ""));
+  const v1::TrainerTask task = Next(session);
+  v1::ValidationRequest validation;
+  validation.set_session_id(session);
+  validation.set_task_id(task.task_id());
+  (*validation.mutable_metrics())["accuracy"] = 0.5;
+  ASSERT_TRUE(link_->ReportValidation(validation).ok());
+  EXPECT_TRUE(metrics.get().ok());
+  EXPECT_EQ(link_->WaitingFor(), "");
+  link_->SetWaitingListener(nullptr);
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 // the final model is compared with ==.
 #include <signal.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <atomic>
 #include <functional>
 #include <map>
 #include <string>
@@ -23,8 +23,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "persist/workspace.h"
 #include "model/model.h"
+#include "persist/workspace.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {
@@ -44,6 +44,8 @@ struct TrainerSite {
   std::map<std::string, std::string> params;  // Extra learner params.
   uint32_t lease_ms = 0;
   uint32_t task_timeout_ms = 0;
+  // Attach mode: the test starts the trainer itself, later (RunJob does not).
+  bool attach_later = false;
 };
 
 // Why the Python side cannot run here, or "" when it can.
@@ -116,11 +118,14 @@ class TrainerTest : public ::testing::Test {
       absl::Status started =
           swarm.StartExternalSite(site.name, Trainer(site), params);
       ASSERT_TRUE(started.ok()) << started;
-      if (site.attach) (*attached)[site.name] = StartAttached(swarm, site.name);
+      if (site.attach && !site.attach_later) {
+        (*attached)[site.name] = StartAttached(swarm, site.name);
+      }
     }
     v1::JobConfig job;
     job.set_job_id(job_id);
-    for (const TrainerSite& site : sites) *job.add_sites() = swarm.Info(site.name);
+    for (const TrainerSite& site : sites)
+      *job.add_sites() = swarm.Info(site.name);
     job.set_num_rounds(rounds);
     job.set_min_responses_required(1);
     job.set_wait_after_min_responses_ms(20000);
@@ -137,8 +142,8 @@ class TrainerTest : public ::testing::Test {
     std::atomic<bool> stop{false};
     std::thread beside;
     if (during) beside = std::thread([&] { during(stop); });
-    absl::Status done =
-        swarm.WaitAllDone(job_id, absl::Now() + absl::Seconds(120) * TimeScale());
+    absl::Status done = swarm.WaitAllDone(
+        job_id, absl::Now() + absl::Seconds(120) * TimeScale());
     stop = true;
     if (beside.joinable()) beside.join();
     ASSERT_TRUE(done.ok()) << done << "\n" << swarm.Logs();
@@ -243,6 +248,49 @@ TEST_F(TrainerTest, LaunchAndAttachSitesGiveTheExactAggregates) {
   EXPECT_TRUE(swarm.StopAll(absl::Seconds(20)).ok());
 }
 
+// An attach-mode site says "waiting for trainer" in its status (and in
+// `swarmctl status`) while it has a task and no trainer; once the user starts
+// the trainer, the job runs to the exact aggregates.
+TEST_F(TrainerTest, AttachSiteShowsWaitingForTrainerUntilOneAttaches) {
+  LocalSwarm swarm("trainer-waiting");
+  std::vector<TrainerSite> sites = {{"site-a", false, 0.125, 2, {}},
+                                    {"site-c", true, 0.625, 2, {}}};
+  sites[1].attach_later = true;
+  std::map<std::string, std::unique_ptr<Process>> attached;
+  std::atomic<bool> saw_waiting{false};
+  std::string table;
+  RunJob(swarm, "trainer-waiting", sites, 2, &attached,
+         [&](const std::atomic<bool>& stop) {
+           const absl::Time deadline =
+               absl::Now() + absl::Seconds(30) * TimeScale();
+           while (!stop && !saw_waiting && absl::Now() < deadline) {
+             absl::StatusOr<v1::StatusReply> status = swarm.Status("site-c");
+             if (status.ok() &&
+                 status->status().waiting_for() == "waiting for trainer") {
+               saw_waiting = true;
+               table = swarm
+                           .Swarmctl({"status", "--job",
+                                      absl::StrCat(swarm.dir(), "/job.json")})
+                           .out;
+             } else {
+               absl::SleepFor(absl::Milliseconds(50));
+             }
+           }
+           // The user starts the trainer; it lives as long as this thread.
+           attached["site-c"] = StartAttached(swarm, "site-c");
+           while (!stop) absl::SleepFor(absl::Milliseconds(50));
+         });
+  if (HasFailure()) return;
+  EXPECT_TRUE(saw_waiting) << "site-c never showed \"waiting for trainer\"";
+  EXPECT_THAT(table, HasSubstr("waiting for trainer"));
+  absl::StatusOr<v1::StatusReply> after = swarm.Status("site-c");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->status().waiting_for(), "");
+  const double full = Step(sites);
+  ExpectLast(swarm, "trainer-waiting", sites, {full, full}, true);
+  EXPECT_TRUE(swarm.StopAll(absl::Seconds(20)).ok());
+}
+
 TEST_F(TrainerTest, KilledTrainersAreRestartedOrWaitedFor) {
   LocalSwarm swarm("trainer-killed");
   std::vector<TrainerSite> sites = {
@@ -286,21 +334,20 @@ TEST_F(TrainerTest, KilledTrainersAreRestartedOrWaitedFor) {
 
 TEST_F(TrainerTest, BadResultsFailTheirRoundWithTheReason) {
   LocalSwarm swarm("trainer-bad");
-  std::vector<TrainerSite> sites = {
-      {"site-a", false, 0.125, 2, {}},
-      {"site-b",
-       false,
-       0.25,
-       4,
-       {{"bad.0", "name"},
-        {"bad.1", "shape"},
-        {"bad.2", "dtype"},
-        {"bad.3", "nan"},
-        {"bad.4", "zero"},
-        {"bad.5", "silent"}},
-       0,
-       3000},
-      {"site-c", false, 0.625, 2, {}}};
+  std::vector<TrainerSite> sites = {{"site-a", false, 0.125, 2, {}},
+                                    {"site-b",
+                                     false,
+                                     0.25,
+                                     4,
+                                     {{"bad.0", "name"},
+                                      {"bad.1", "shape"},
+                                      {"bad.2", "dtype"},
+                                      {"bad.3", "nan"},
+                                      {"bad.4", "zero"},
+                                      {"bad.5", "silent"}},
+                                     0,
+                                     3000},
+                                    {"site-c", false, 0.625, 2, {}}};
   std::map<std::string, std::unique_ptr<Process>> attached;
   RunJob(swarm, "trainer-bad", sites, 6, &attached);
   if (HasFailure()) return;
