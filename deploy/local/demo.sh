@@ -8,11 +8,14 @@
 #                        [--lr 0.05] [--base-port 17400] [--workspace DIR]
 #                        [--no-baselines] [--insecure] [--quick]
 #                        [--bin-dir BUILD_DIR] [--trainer mlp|pytorch]
+#                        [--lr-decay D]
 #
 # --trainer pytorch: each site's learner is an external trainer, a small CNN in
 # PyTorch (examples/pytorch-fashion-mnist/train.py) that the daemon launches
 # over the trainer link, on the same shard the MLP would use (default 12
-# rounds; the baselines are the same CNN alone and centrally).
+# rounds; the baselines are the same CNN alone and centrally). Its learning
+# rate decays by --lr-decay (default 0.9) per round, and per epoch in the
+# baselines.
 #
 # On a fresh Debian 12 machine it installs what is missing (apt-get),
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
@@ -28,6 +31,7 @@ BASE_PORT=17400
 ALPHA=0.5
 EPOCHS=1
 LR=0.05
+LR_DECAY=""
 WORKSPACE="$ROOT/build/demo"
 BASELINES=1
 INSECURE=0
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
     --alpha) ALPHA=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
     --lr) LR=$2; shift 2 ;;
+    --lr-decay) LR_DECAY=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
     --workspace) WORKSPACE=$2; shift 2 ;;
     --no-baselines) BASELINES=0; shift ;;
@@ -54,8 +59,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$TRAINER" in
-  mlp) ;;
-  pytorch) [ "$ROUNDS_SET" -eq 1 ] || ROUNDS=12 ;;
+  mlp) [ -z "$LR_DECAY" ] || { echo "demo.sh: --lr-decay is for --trainer pytorch" >&2; exit 2; } ;;
+  pytorch) [ "$ROUNDS_SET" -eq 1 ] || ROUNDS=12; LR_DECAY=${LR_DECAY:-0.9} ;;
   *) echo "demo.sh: --trainer must be mlp or pytorch" >&2; exit 2 ;;
 esac
 case "$SITES" in ''|*[!0-9]*) echo "demo.sh: --sites must be a number" >&2; exit 2 ;; esac
@@ -159,7 +164,7 @@ for ((i = 0; i < SITES; i++)); do
   $tls_line
   "learner": {"kind": "external", "params": {
       "shard_file": "$dir/shard.txt", "epochs": "$EPOCHS", "lr": "$LR",
-      "seed": "1"}},
+      "lr_decay": "$LR_DECAY", "seed": "1"}},
   "trainer": {"mode": "launch", "command": ["$PYTHON", "$CNN"],
               "env": {"PYTHONPATH": "$BUILD/python", "OMP_NUM_THREADS": "1"}}
 }
@@ -242,7 +247,7 @@ if [ "$BASELINES" -eq 1 ]; then
   echo "=== baselines: $BUDGET epochs each"
   common=(--sites "$SITES" --partition dirichlet --alpha "$ALPHA" --data-seed 1 --seed 1
           --lr "$LR" --epochs "$BUDGET" --max-train-samples "$MAX_TRAIN")
-  cnn=(--baseline --lr "$LR" --epochs "$BUDGET" --seed 1)
+  cnn=(--baseline --lr "$LR" --lr-decay "${LR_DECAY:-1}" --epochs "$BUDGET" --seed 1)
   if [ "$TRAINER" = pytorch ]; then
     # The sites' CNNs train side by side (one thread each).
     for ((i = 0; i < SITES; i++)); do

@@ -4,8 +4,9 @@
   train.py                      the site's trainer (launch or attach mode);
                                 learner params come with each task
   train.py --evaluate FILE      test accuracy of a safetensors CNN
-  train.py --baseline (--shard FILE | --central) --epochs E [--lr --seed
-           --batch-size]        train from the same initial model without the
+  train.py --baseline (--shard FILE | --central) --epochs E [--lr
+           --lr-decay --seed --batch-size]
+                                train from the same initial model without the
                                 swarm, print test accuracy
 
 Data: Debian's dataset-fashion-mnist IDX files. Each site trains on the shard
@@ -13,7 +14,8 @@ the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
 `shard_file`), so results compare with the MLP demo.
 
 Learner params: shard_file (required for the swarm), epochs (1), lr (0.05),
-momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
+lr_decay (1: none; round r trains at lr * lr_decay**r, as a baseline's epoch
+e does), momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
 """
 import argparse
 import gzip
@@ -131,8 +133,10 @@ def run_swarm():
         model.load_state_dict(swarm.torch.to_state_dict(task.model))
         task.report_validation(evaluate(model, vx, vy))
         start = time.time()
-        train(model, tx, ty, int(p.get("epochs", "1")),
-              float(p.get("lr", "0.05")), float(p.get("momentum", "0.9")),
+        lr = float(p.get("lr", "0.05")) * float(
+            p.get("lr_decay", "1")) ** task.round
+        train(model, tx, ty, int(p.get("epochs", "1")), lr,
+              float(p.get("momentum", "0.9")),
               int(p.get("batch_size", "64")),
               int(p.get("seed", "1")) * 100003 + task.round)
         task.submit(swarm.torch.from_state_dict(model.state_dict()),
@@ -148,6 +152,7 @@ def main():
     parser.add_argument("--central", action="store_true")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr-decay", type=float, default=1.0)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
@@ -167,8 +172,8 @@ def main():
             x, y = x[train_idx], y[train_idx]
         start = time.time()
         for epoch in range(args.epochs):
-            train(model, x, y, 1, args.lr, args.momentum, args.batch_size,
-                  args.seed * 100003 + epoch)
+            train(model, x, y, 1, args.lr * args.lr_decay ** epoch,
+                  args.momentum, args.batch_size, args.seed * 100003 + epoch)
         print(f"trained {args.epochs} epochs on {len(y)} images in "
               f"{time.time() - start:.0f}s", file=sys.stderr)
     result = evaluate(model, test_x, test_y)
