@@ -26,6 +26,8 @@ done
 
 source "$ROOT/tests/install_deps.sh"
 swarm_install_packages "${SWARM_PACKAGES[@]}"
+# PyTorch for demo_pytorch_quick_test (the CNN as an external trainer).
+swarm_install_packages "${SWARM_TORCH_PACKAGES[@]}"
 
 JOBS=$(nproc)
 
