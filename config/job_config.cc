@@ -111,6 +111,11 @@ v1::JobConfig WithDefaults(v1::JobConfig c) {
       fill(c.final_result_ack_timeout_ms(), kDefaultFinalResultAckTimeoutMs));
   c.set_learn_task_ack_timeout_ms(
       fill(c.learn_task_ack_timeout_ms(), kDefaultLearnTaskAckTimeoutMs));
+  c.set_failover_timeout_ms(
+      fill(c.failover_timeout_ms(), kDefaultFailoverTimeoutMs));
+  if (c.failover_attempts() == 0) {
+    c.set_failover_attempts(kDefaultFailoverAttempts);
+  }
   if (c.aggregation_method() == v1::AGGREGATION_TRIMMED_MEAN &&
       c.trim_fraction() == 0) {
     c.set_trim_fraction(kDefaultTrimFraction);
@@ -220,6 +225,7 @@ void CheckRoundsAndDurations(const v1::JobConfig& c,
        c.request_to_submit_message_timeout_ms()},
       {"final_result_ack_timeout_ms", c.final_result_ack_timeout_ms()},
       {"learn_task_ack_timeout_ms", c.learn_task_ack_timeout_ms()},
+      {"failover_timeout_ms", c.failover_timeout_ms()},
   };
   for (const auto& d : durations) {
     if (d.value > kMaxDurationMs) {
@@ -236,6 +242,14 @@ void CheckAggregationAndTransfer(const v1::JobConfig& c,
   if (!v1::AggregationMethod_IsValid(c.aggregation_method())) {
     errors->push_back(absl::StrFormat("aggregation_method: unknown value %d",
                                       c.aggregation_method()));
+  }
+  if (c.has_stop_at_metric() && !std::isfinite(c.stop_at_metric())) {
+    errors->push_back("stop_at_metric: must be a finite number");
+  }
+  if (c.stop_patience_rounds() > c.num_rounds()) {
+    errors->push_back(
+        absl::StrFormat("stop_patience_rounds: %d is more than num_rounds (%d)",
+                        c.stop_patience_rounds(), c.num_rounds()));
   }
   if (!(c.trim_fraction() >= 0.0 && c.trim_fraction() < 0.5)) {
     errors->push_back(absl::StrFormat("trim_fraction: %g is not in [0, 0.5)",

@@ -483,6 +483,8 @@ TEST(WithDefaultsTest, KeepsSetFieldsAndIsIdempotent) {
   config.set_request_to_submit_message_timeout_ms(11);
   config.set_final_result_ack_timeout_ms(12);
   config.set_learn_task_ack_timeout_ms(13);
+  config.set_failover_timeout_ms(14);
+  config.set_failover_attempts(2);
   config.set_metric_name("loss");
   config.set_chunk_size(8192);
   config.set_max_model_bytes(4096);
@@ -517,6 +519,10 @@ constexpr char kFullConfig[] = R"({
   "request_to_submit_message_timeout_ms": 3000,
   "final_result_ack_timeout_ms": 120000,
   "learn_task_ack_timeout_ms": 10000,
+  "failover_timeout_ms": 3000,
+  "failover_attempts": 4,
+  "stop_at_metric": 0.25,
+  "stop_patience_rounds": 2,
   "aggregation_method": "AGGREGATION_TRIMMED_MEAN",
   "trim_fraction": 0.2,
   "metric_name": "loss",
@@ -555,6 +561,10 @@ TEST(LoadJobConfigTest, FullConfigRoundTrip) {
   EXPECT_EQ(config.request_to_submit_message_timeout_ms(), 3000u);
   EXPECT_EQ(config.final_result_ack_timeout_ms(), 120000u);
   EXPECT_EQ(config.learn_task_ack_timeout_ms(), 10000u);
+  EXPECT_EQ(config.failover_timeout_ms(), 3000u);
+  EXPECT_EQ(config.failover_attempts(), 4u);
+  EXPECT_EQ(config.stop_at_metric(), 0.25);
+  EXPECT_EQ(config.stop_patience_rounds(), 2u);
   EXPECT_EQ(config.aggregation_method(), v1::AGGREGATION_TRIMMED_MEAN);
   EXPECT_EQ(config.trim_fraction(), 0.2);
   EXPECT_EQ(config.metric_name(), "loss");

@@ -1,5 +1,6 @@
 #include "controller/admission.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -7,22 +8,12 @@
 namespace swarm {
 namespace {
 
-absl::Status AdmitLearnTask(const JobView& job, const SiteRecord& site,
-                            const v1::ModelHeader& header) {
+absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
+                                        const SiteRecord& site,
+                                        const v1::ModelHeader& header) {
   if (IsTerminal(site.state)) {
     return absl::FailedPreconditionError(
         absl::StrCat("job is ", v1::SiteState_Name(site.state)));
-  }
-  // A repeat of the task this site accepted (its acknowledgement was lost)
-  // is received again and acknowledged again.
-  const bool repeat = site.last_task_round.has_value() &&
-                      header.round() == *site.last_task_round &&
-                      header.aggregator() == site.round_aggregator;
-  if (site.last_task_round.has_value() &&
-      header.round() <= *site.last_task_round && !repeat) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "site ", site.self, " already has the learn task of round ",
-        *site.last_task_round));
   }
   const uint32_t round = header.round();
   if (!job.HasRound(round)) {
@@ -30,37 +21,116 @@ absl::Status AdmitLearnTask(const JobView& job, const SiteRecord& site,
         absl::StrCat("round ", round, " is outside the job's rounds ",
                      job.first_round(), "..", job.last_round()));
   }
-  const std::string elected = job.AggregatorOf(round);
+  const std::string elected = job.AggregatorAt(round, header.attempt());
   if (elected.empty() || header.aggregator() != elected) {
     return absl::PermissionDeniedError(absl::StrCat(
         "learn task names ", header.aggregator(), " as aggregator of round ",
-        round, "; the election chose ", elected.empty() ? "nobody" : elected));
+        round, " at attempt ", header.attempt(), "; the election chose ",
+        elected.empty() ? "nobody" : elected));
   }
-  const std::string scatterer = job.ScattererOf(round);
-  if (header.sender() != scatterer) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "learn task of round ", round, " must come from ", scatterer,
-        round > job.first_round()
-            ? absl::StrCat(" (the aggregator of round ", round - 1, ")")
-            : std::string(" (the starting site)"),
-        ", not from ", header.sender()));
+  const Lineage lineage = LineageFromProto(header.lineage());
+  if (header.handoff()) {
+    // A trainer of the round hands it over: it holds the round's model.
+    if (!job.IsTrainer(header.sender())) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("a handoff of round ", round, " must come from a ",
+                       "trainer; ", header.sender(), " is not one"));
+    }
+  } else {
+    const std::string scatterer =
+        job.ScattererOf(round, AttemptOf(lineage, round - 1));
+    if (header.sender() != scatterer) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "learn task of round ", round, " must come from ", scatterer,
+          round > job.first_round()
+              ? absl::StrCat(" (the aggregator of round ", round - 1, ")")
+              : std::string(" (the starting site)"),
+          ", not from ", header.sender()));
+    }
   }
   if (header.aggregator() != site.self && !job.IsTrainer(site.self)) {
     return absl::FailedPreconditionError(
         absl::StrCat("site ", site.self,
                      " is neither a trainer nor the round's aggregator"));
   }
-  return absl::OkStatus();
+  Admitted admitted;
+  if (!site.last_task_round.has_value()) return admitted;
+  const uint32_t held = *site.last_task_round;
+  uint32_t differs = 0;
+  const int chains =
+      CompareChains(lineage, site.lineage, std::min(round, held), &differs);
+  if (chains > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "learn task of round ", round, " refused: its chain aggregated round ",
+        differs, " at attempt ", AttemptOf(lineage, differs), "; site ",
+        site.self, " follows attempt ", AttemptOf(site.lineage, differs),
+        ", the lower, which wins"));
+  }
+  if (chains < 0) {
+    admitted.task = TaskVerdict::kSwitch;
+    return admitted;
+  }
+  if (round < held) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "site ", site.self, " already has the learn task of round ", held));
+  }
+  if (round > held) return admitted;
+  // The round this site holds.
+  admitted.receive_body = false;
+  if (header.attempt() == site.attempt &&
+      header.aggregator() == site.round_aggregator) {
+    admitted.task = TaskVerdict::kRepeat;
+    admitted.message =
+        absl::StrCat("learn task of round ", round, " already accepted");
+  } else if (header.attempt() > site.attempt &&
+             header.aggregator() == site.self) {
+    admitted.task = TaskVerdict::kTakeOver;
+    admitted.message = absl::StrCat("taking over round ", round, " at attempt ",
+                                    header.attempt());
+  } else {
+    admitted.task = TaskVerdict::kNoted;
+    admitted.message = absl::StrCat("round ", round, " at attempt ",
+                                    header.attempt(), " noted");
+  }
+  return admitted;
 }
 
 // Final models come only from senders this site knows itself: LAST from the
-// last round's aggregator as this site elects it; BEST from that aggregator
-// or from the best model's holder as this site's own record names it.
+// aggregator of the job's final round (as this site elects it, at the
+// header's attempt); BEST from that aggregator or from the best model's
+// holder as this site's own record names it. A final round before the job's
+// last must be an early stop that the header's best record justifies.
+absl::Status CheckFinalRound(const JobView& job, const SiteRecord& site,
+                             const v1::ModelHeader& header) {
+  const uint32_t final_round = header.final_round();
+  if (!job.HasRound(final_round)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("final round ", final_round, " is outside the job's ",
+                     "rounds ", job.first_round(), "..", job.last_round()));
+  }
+  if (site.last_task_round.has_value() && final_round < *site.last_task_round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "final models of round ", final_round, " refused: site ", site.self,
+        " holds the learn task of round ", *site.last_task_round));
+  }
+  if (final_round == job.last_round()) return absl::OkStatus();
+  if (!EarlyStopReason(job, header.best(), final_round).empty()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "final models of round ", final_round, " refused: the job's last round ",
+      "is ", job.last_round(), " and its best record (",
+      header.best().present() ? absl::StrCat(header.best().metric()) : "none",
+      ") meets no early-stop rule"));
+}
+
 absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
                                     const v1::ModelHeader& header) {
   const bool best_kind = header.kind() == v1::MODEL_KIND_BEST;
-  const std::string last_aggregator = job.LastRoundAggregator();
-  const bool from_aggregator = header.sender() == last_aggregator;
+  const std::string last_aggregator =
+      job.AggregatorAt(header.final_round(), header.attempt());
+  const bool from_aggregator =
+      !last_aggregator.empty() && header.sender() == last_aggregator;
   const bool from_holder =
       best_kind && site.best.present() && header.sender() == site.best.site();
   if (!from_aggregator && !from_holder) {
@@ -69,11 +139,18 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
             ? absl::StrCat(" or from the best model's holder ",
                            site.best.site(), " (this site's record)")
             : std::string();
-    return absl::PermissionDeniedError(
-        absl::StrCat(v1::ModelKind_Name(header.kind()), " from ",
-                     header.sender(), " refused: ", best_kind ? "BEST" : "LAST",
-                     " comes only from the last round's aggregator ",
-                     last_aggregator, holder));
+    return absl::PermissionDeniedError(absl::StrCat(
+        v1::ModelKind_Name(header.kind()), " from ", header.sender(),
+        " refused: ", best_kind ? "BEST" : "LAST",
+        " comes only from the aggregator of the final round ",
+        header.final_round(), " at attempt ", header.attempt(), " (",
+        last_aggregator.empty() ? "nobody" : last_aggregator, ")", holder));
+  }
+  if (from_aggregator) {
+    if (absl::Status final_round = CheckFinalRound(job, site, header);
+        !final_round.ok()) {
+      return final_round;
+    }
   }
   if (from_holder && !from_aggregator && header.round() != site.best.round()) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -109,6 +186,29 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
 
 }  // namespace
 
+std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
+                            uint32_t round) {
+  const v1::JobConfig& config = job.config();
+  if (round >= job.last_round() || !best.present()) return "";
+  if (config.has_stop_at_metric()) {
+    const bool higher = config.metric_direction() != v1::METRIC_LOWER_IS_BETTER;
+    const double target = config.stop_at_metric();
+    if (higher ? best.metric() >= target : best.metric() <= target) {
+      return absl::StrCat("early stop: best ", config.metric_name(), " ",
+                          best.metric(), " (round ", best.round(),
+                          ") reached stop_at_metric ", target);
+    }
+  }
+  const uint32_t patience = config.stop_patience_rounds();
+  if (patience > 0 && round >= best.round() + patience) {
+    return absl::StrCat("early stop: no better ", config.metric_name(),
+                        " than ", best.metric(), " (round ", best.round(),
+                        ") for ", round - best.round(), " rounds ",
+                        "(stop_patience_rounds ", patience, ")");
+  }
+  return "";
+}
+
 bool IsTerminal(v1::SiteState state) {
   return state == v1::SITE_STATE_DONE || state == v1::SITE_STATE_FAILED ||
          state == v1::SITE_STATE_ABORTED;
@@ -139,10 +239,7 @@ absl::StatusOr<Admitted> AdmitStream(const JobView* job, const SiteRecord& site,
   }
   switch (header.kind()) {
     case v1::MODEL_KIND_LEARN_TASK:
-      if (absl::Status ok = AdmitLearnTask(*job, site, header); !ok.ok()) {
-        return ok;
-      }
-      return Admitted();
+      return AdmitLearnTask(*job, site, header);
     case v1::MODEL_KIND_RESULT:
       if (!job->IsTrainer(header.sender())) {
         return absl::PermissionDeniedError(

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "controller/job_view.h"
+#include "controller/lineage.h"
 #include "proto/swarm.pb.h"
 
 namespace swarm {
@@ -32,6 +33,9 @@ struct SiteRecord {
   // aggregator that task named.
   std::optional<uint32_t> last_task_round;
   std::string round_aggregator;
+  // That task's attempt and chain (ModelHeader.attempt, .lineage).
+  uint32_t attempt = 0;
+  Lineage lineage;
   // The best-so-far record from the learn tasks this site accepted, from its
   // own aggregation, and from the last round's aggregator's final message.
   v1::BestRecord best;
@@ -39,25 +43,45 @@ struct SiteRecord {
   std::map<v1::ModelKind, uint32_t> final_rounds;
 };
 
+// Why the job ends after `round` (its aggregate the last model) although
+// rounds remain, given the best record after it: the job's stop_at_metric
+// reached, or stop_patience_rounds without a better record. "" to go on.
+std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
+                            uint32_t round);
+
 // Whether `state` ends the job at this site.
 bool IsTerminal(v1::SiteState state);
+
+// What an admitted learn task is to this site.
+enum class TaskVerdict {
+  kNew,       // A later round of this site's chain (or its first task).
+  kSwitch,    // A winning chain: drop this site's work on the losing one.
+  kRepeat,    // The task this site holds, again (an acknowledgement lost).
+  kTakeOver,  // This site's round, handed to it as a backup aggregator;
+              // it holds the round's base model already.
+  kNoted,     // Another attempt of the round this site holds, not for it.
+};
 
 // How to go on with an admitted stream.
 struct Admitted {
   // Receive the body (false: answer OK with `message` and read no body: a
-  // final model this site already stored, sent again).
+  // final model this site already stored, sent again; a learn task whose
+  // model this site holds).
   bool receive_body = true;
   std::string message;
+  TaskVerdict task = TaskVerdict::kNew;  // Learn tasks.
 };
 
 // Judges a model stream's header at site `site` running `job` (null: no job
 // configured). An error refuses the stream; its code says why:
 //   FAILED_PRECONDITION  no job or another job here; the job is over here; a
-//                        learn task for a round this site has passed
+//                        learn task for a round this site has passed, or of
+//                        a chain that lost to this site's
 //   PERMISSION_DENIED    the sender may not send this kind now (not a site of
 //                        the job, not the round's scatterer, not a trainer,
 //                        not the last round's aggregator or the best model's
-//                        holder by this site's own record)
+//                        holder by this site's own record; a handoff from a
+//                        site that is not a trainer)
 //   INVALID_ARGUMENT     a kind that is never sent to a site; a round outside
 //                        the job
 // RESULT streams that pass still go through the aggregation round's rules.

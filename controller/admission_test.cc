@@ -55,6 +55,9 @@ class AdmissionTest : public ::testing::Test {
     header.set_job_id(kJob);
     header.set_round(round);
     header.set_sender(sender);
+    if (kind == v1::MODEL_KIND_BEST || kind == v1::MODEL_KIND_LAST) {
+      header.set_final_round(job_.last_round());
+    }
     return header;
   }
   // The site record of `self` after it took part in the job.
@@ -220,10 +223,10 @@ TEST_F(AdmissionTest, ForgedBestHolderIsRefused) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(refused.status().message(),
               HasSubstr("MODEL_KIND_BEST from " + forger +
-                        " refused: BEST comes only from the last round's "
-                        "aggregator " +
+                        " refused: BEST comes only from the aggregator of "
+                        "the final round 3 at attempt 0 (" +
                         job_.LastRoundAggregator() +
-                        " or from the best model's holder " + holder));
+                        ") or from the best model's holder " + holder));
   // After the job the same forgery is still refused, by who sent it.
   site.state = v1::SITE_STATE_DONE;
   site.final_rounds[v1::MODEL_KIND_BEST] = 3;
@@ -256,7 +259,9 @@ TEST_F(AdmissionTest, BestFromTheRecordsHolderOrTheLastAggregator) {
             absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(
       last_from_holder.status().message(),
-      HasSubstr("LAST comes only from the last round's aggregator " + last));
+      HasSubstr("LAST comes only from the aggregator of the final round 3 at "
+                "attempt 0 (" +
+                last + ")"));
 }
 
 TEST_F(AdmissionTest, FinalModelsOnlyWhileTheJobRuns) {

@@ -104,6 +104,13 @@ class AggregationRound {
   // Applies the closing rules at `now`.
   RoundReport Check(absl::Time now) { return gatherer_.CheckDone(now); }
 
+  // Stops waiting for `trainer` (known down, or silent after a handoff);
+  // see Gatherer::DropTrainer. Returns whether it was dropped.
+  bool DropTrainer(absl::string_view trainer, absl::string_view reason,
+                   absl::Time now) {
+    return gatherer_.DropTrainer(trainer, reason, now);
+  }
+
   // The round's verdict on its base model. REQUIRES: closed(). Cheap.
   struct Verdict {
     // The best record after this round.

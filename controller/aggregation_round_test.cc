@@ -43,8 +43,7 @@ JobView MakeJob(uint32_t max_concurrent) {
 }
 
 std::shared_ptr<const Model> FilledModel(float value, bool nan = false) {
-  absl::StatusOr<Model> model =
-      Model::Create(
+  absl::StatusOr<Model> model = Model::Create(
       {TensorSpec{"w", v1::DTYPE_F32, {kElements}, kElements * sizeof(float)}});
   EXPECT_TRUE(model.ok()) << model.status();
   absl::Span<char> data = model->mutable_tensor_data(0);

@@ -111,6 +111,16 @@ void FakeNetwork::Recover(const std::string& site) {
   isolated_.erase(site);
 }
 
+void FakeNetwork::Partition(std::set<std::string> side) {
+  absl::MutexLock lock(&mu_);
+  partition_ = std::move(side);
+}
+
+void FakeNetwork::Heal() {
+  absl::MutexLock lock(&mu_);
+  partition_.clear();
+}
+
 bool FakeNetwork::IsIsolated(const std::string& site) const {
   absl::MutexLock lock(&mu_);
   return isolated_.count(site) > 0;
@@ -186,7 +196,8 @@ void FakeNetwork::At(absl::Time when, std::function<void()> step) {
 bool FakeNetwork::Reachable(const CallRecord& record) const {
   absl::MutexLock lock(&mu_);
   return !shut_down_ && isolated_.count(record.from) == 0 &&
-         isolated_.count(record.to) == 0;
+         isolated_.count(record.to) == 0 &&
+         !Partitioned(record.from, record.to);
 }
 
 SiteDriver* FakeNetwork::Target(const std::string& name) const {
@@ -238,8 +249,10 @@ void FakeNetwork::Plan(Call& call) {
   if (observer) observer(record);
   absl::MutexLock lock(&mu_);
   if (shut_down_ || isolated_.count(record.from) > 0 ||
-      isolated_.count(record.to) > 0) {
-    record.fault = shut_down_ ? "shut_down" : "isolated";
+      isolated_.count(record.to) > 0 || Partitioned(record.from, record.to)) {
+    record.fault = shut_down_                            ? "shut_down"
+                   : Partitioned(record.from, record.to) ? "partitioned"
+                                                         : "isolated";
     call.fault = Fault::kDrop;
     return;
   }

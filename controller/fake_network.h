@@ -113,6 +113,10 @@ class FakeNetwork {
   void Isolate(const std::string& site);
   void Recover(const std::string& site);
   bool IsIsolated(const std::string& site) const;
+  // Splits the network in two: calls between a site in `side` and one
+  // outside it fail with Unavailable until Heal.
+  void Partition(std::set<std::string> side);
+  void Heal();
 
   // Applies `fault` to the next `count` matching calls (count < 0: to every
   // one). Rules are tried in the order added; the first that matches wins.
@@ -191,6 +195,13 @@ class FakeNetwork {
   std::vector<CallRecord> log_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> partition_ ABSL_GUARDED_BY(mu_);
+  // REQUIRES: mu_ held. Whether a partition separates `a` and `b`.
+  bool Partitioned(const std::string& a, const std::string& b) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !partition_.empty() &&
+           (partition_.count(a) > 0) != (partition_.count(b) > 0);
+  }
 };
 
 }  // namespace swarm

@@ -62,9 +62,15 @@ std::string JobView::AggregatorOf(uint32_t round) const {
   return order.empty() ? std::string() : std::move(order[0]);
 }
 
-std::string JobView::ScattererOf(uint32_t round) const {
+std::string JobView::AggregatorAt(uint32_t round, uint32_t attempt) const {
+  std::vector<std::string> order = ElectionOrder(round);
+  return attempt < order.size() ? std::move(order[attempt]) : std::string();
+}
+
+std::string JobView::ScattererOf(uint32_t round,
+                                 uint32_t previous_attempt) const {
   return round <= first_round() ? job_.starting_site()
-                                : AggregatorOf(round - 1);
+                                : AggregatorAt(round - 1, previous_attempt);
 }
 
 absl::Duration JobView::learn_task_ack_timeout() const {
@@ -84,6 +90,9 @@ absl::Duration JobView::request_to_submit_message_timeout() const {
 }
 absl::Duration JobView::round_timeout() const {
   return Millis(job_.round_timeout_ms());
+}
+absl::Duration JobView::failover_timeout() const {
+  return Millis(job_.failover_timeout_ms());
 }
 absl::Duration JobView::wait_after_min_responses() const {
   return Millis(job_.wait_after_min_responses_ms());

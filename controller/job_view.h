@@ -52,9 +52,13 @@ class JobView {
   std::vector<std::string> ElectionOrder(uint32_t round) const;
   // The elected aggregator of `round`, or "" without a candidate.
   std::string AggregatorOf(uint32_t round) const;
+  // The site at position `attempt` of `round`'s election order (0: the
+  // elected aggregator, k: its k-th backup), or "" past its end.
+  std::string AggregatorAt(uint32_t round, uint32_t attempt) const;
   // Who sends the learn tasks of `round`: the starting site for the first
-  // round, the aggregator of the round before for the others.
-  std::string ScattererOf(uint32_t round) const;
+  // round, the aggregator of the round before (at the attempt that
+  // aggregated it) for the others.
+  std::string ScattererOf(uint32_t round, uint32_t previous_attempt = 0) const;
   // The aggregator of the last round: it distributes LAST (and BEST when it
   // holds it) and asks the best model's holder to share.
   std::string LastRoundAggregator() const { return AggregatorOf(last_round()); }
@@ -67,6 +71,8 @@ class JobView {
   absl::Duration request_to_submit_message_timeout() const;
   absl::Duration round_timeout() const;
   absl::Duration wait_after_min_responses() const;
+  absl::Duration failover_timeout() const;
+  uint32_t failover_attempts() const { return job_.failover_attempts(); }
 
  private:
   const v1::JobConfig job_;

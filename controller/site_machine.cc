@@ -112,6 +112,9 @@ void SiteMachine::EndActivity() {
   calls_.clear();
   timers_.clear();
   scatters_.clear();
+  aggregator_tasks_.clear();
+  gathering_.clear();
+  armed_.clear();
   broadcasts_.clear();
   // Held requests are answered: the job is over here.
   for (auto& [request, held] : held_) {
@@ -127,6 +130,7 @@ void SiteMachine::EndActivity() {
 
 void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
   ReportError(what, status);
+  end_reason_ = absl::StrCat("failed: ", last_error_);
   SetState(v1::SITE_STATE_FAILED);
   EndActivity();
   PersistState();
@@ -239,6 +243,10 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   record_ = SiteRecord();
   record_.self = options_.site;
   record_.state = v1::SITE_STATE_CONFIGURED;
+  failovers_.clear();
+  end_reason_.clear();
+  final_round_ = 0;
+  final_attempt_ = 0;
   PermissionMayChange();
   PersistClearOffloadAndState();
   out_.push_back(effect::PrepareTransport{job_->config()});
@@ -273,7 +281,8 @@ void SiteMachine::OnStart(event::Start& e) {
 void SiteMachine::OnInitialModel(event::InitialModel& e) {
   if (!Active()) return;
   if (!e.model.ok()) return Fail("initial model", e.model.status());
-  ScatterRound(job_->first_round(), std::move(*e.model), v1::BestRecord());
+  ScatterRound(job_->first_round(), std::move(*e.model), v1::BestRecord(),
+               Lineage());
 }
 
 void SiteMachine::OnAbort(event::Abort& e) {
@@ -306,6 +315,9 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   if (!admitted.ok()) {
     answer = admitted.status();
   } else if (!admitted->receive_body) {
+    if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
+      OnHeldTask(header, admitted->task);
+    }
     ModelAdmission admission;
     admission.header_only = true;
     admission.reply_message = std::move(admitted->message);
@@ -401,6 +413,8 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
       return OnPermissionReply(call, e);
     case Call::Purpose::kSubmit:
       return OnSubmitDone(call, e);
+    case Call::Purpose::kHandoff:
+      return OnHandoffDone(call, e);
     case Call::Purpose::kFinal:
       return OnFinalDone(call, e);
     case Call::Purpose::kShareBest: {
@@ -434,10 +448,13 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
       return;
     }
     case Timer::Purpose::kAskAgain:
-      if (training_.has_value() && training_->id == timer.training) {
+      if (training_.has_value() && training_->id == timer.training &&
+          training_->ask_timer == e.timer) {
         AskToSubmit();
       }
       return;
+    case Timer::Purpose::kComeForward:
+      return DropSilentTrainers(timer.round);
   }
 }
 

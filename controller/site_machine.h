@@ -25,6 +25,7 @@
 #define SWARM_CONTROLLER_SITE_MACHINE_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@
 #include "controller/admission.h"
 #include "controller/aggregation_round.h"
 #include "controller/job_view.h"
+#include "controller/lineage.h"
 #include "controller/peer_message.h"
 #include "learner/learner.h"
 #include "model/model.h"
@@ -282,15 +284,24 @@ class SiteMachine {
       kSubmit,
       kFinal,
       kShareBest,
+      kHandoff,  // A trainer hands its round to an aggregator (failover).
     };
     Purpose purpose = Purpose::kTaskToTrainer;
     std::string target;
     uint32_t round = 0;
     uint64_t broadcast = 0;  // kFinal: which broadcast.
+    bool probe = false;      // kAskPermission: a liveness probe.
   };
   // What a timer is for.
   struct Timer {
-    enum class Purpose { kRoundDeadline, kHeldPermission, kAskAgain };
+    enum class Purpose {
+      kRoundDeadline,
+      kHeldPermission,
+      kAskAgain,
+      // A round opened by a handoff: drop the expected trainers that did not
+      // come forward by now.
+      kComeForward,
+    };
     Purpose purpose = Purpose::kRoundDeadline;
     uint32_t round = 0;
     RequestId request = 0;
@@ -303,16 +314,37 @@ class SiteMachine {
     std::set<std::string> waiting;
     std::vector<std::string> acked;
   };
+  // A round this site gathers: its attempt and chain, and (for a round
+  // opened by a handoff) the trainers heard from.
+  struct Gathering {
+    uint32_t attempt = 0;
+    Lineage lineage;
+    bool handoff = false;
+    std::set<std::string> heard;
+  };
   // This site's training for one round, from the learn task to submission.
+  // It is kept after submission until the round's outcome arrives (the next
+  // learn task, the final models): the result is resubmitted to a backup if
+  // the aggregator dies (design section 6).
   struct Training {
     uint64_t id = 0;
     uint32_t round = 0;
     std::shared_ptr<const Model> global;
+    v1::ModelHeader task;  // The learn task (attempt, chain, best record).
     std::string aggregator;
+    uint32_t attempt = 0;
     bool trained = false;
+    bool submitted = false;  // Kept; the aggregator is probed.
     absl::Time asking_since;
     v1::ModelHeader result_header;
     std::shared_ptr<const Model> result;
+    // The aggregator's trouble: failed calls in a row and since when, and
+    // since when it has answered that it lacks the round's task.
+    int failures = 0;
+    absl::Time failing_since = absl::InfiniteFuture();
+    absl::Time lacking_since = absl::InfiniteFuture();
+    bool handing_off = false;
+    TimerId ask_timer = 0;  // The one kAskAgain timer that counts.
   };
   struct Held {
     v1::SubmitPermissionRequest ask;
@@ -375,19 +407,42 @@ class SiteMachine {
 
   // Trainer role (site_machine_trainer.cc).
   void ScatterRound(uint32_t round, std::shared_ptr<const Model> global,
-                    v1::BestRecord best);
+                    v1::BestRecord best, const Lineage& lineage);
   void SendTaskToAggregator(const Scatter& scatter);
   void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
+  void SendAggregatorTask(uint32_t round);
+  void NoteFailover(uint32_t round, const std::string& from,
+                    const std::string& to, const std::string& reason);
   v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
                             std::shared_ptr<const Model> model);
+  // A learn task admitted without its body (TaskVerdict kRepeat, kTakeOver,
+  // kNoted): what it changes here.
+  void OnHeldTask(const v1::ModelHeader& header, TaskVerdict verdict);
+  // A backup aggregator takes over the round it holds as a trainer.
+  void TakeOver(const v1::ModelHeader& header);
+  // Drops what this site did on a chain that lost (design section 6).
+  void DropLosingChain(const v1::ModelHeader& winner);
   void AskToSubmit();
+  void ScheduleAsk(absl::Duration wait);
+  // The aggregator failed a call (or lacks the task): fail over or hand the
+  // task over once the job's bounds say so, else ask again later.
+  void OnAggregatorTrouble(const absl::Status& status);
+  void FailOver(const std::string& reason);
+  void HandOff();
+  void OnHandoffDone(const Call& call, const event::CallDone& e);
+  void AddChain(v1::SubmitPermissionRequest* ask) const;
   void OnPermissionReply(const Call& call, const event::CallDone& e);
   void OnSubmitDone(const Call& call, const event::CallDone& e);
 
   // Aggregator role (site_machine_aggregator.cc).
   void OpenRound(const v1::ModelHeader& header,
                  std::shared_ptr<const Model> base);
+  // Whether `lineage` (a request's chain for `round`) is the chain of the
+  // round gathered here; REJECTED / RETRY reply otherwise.
+  std::optional<v1::SubmitPermissionReply> CheckChain(
+      uint32_t round, const v1::SubmitPermissionRequest& ask);
+  void DropSilentTrainers(uint32_t round);
   void OnRoundReport(uint32_t round, const RoundReport& report);
   AggregationRound* GatheringRound(uint32_t round);
   absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header,
@@ -402,7 +457,7 @@ class SiteMachine {
 
   // Finale (site_machine_finale.cc).
   void FinishJob(uint32_t last_round, std::shared_ptr<const Model> last,
-                 v1::BestRecord best);
+                 v1::BestRecord best, const std::string& reason);
   void BroadcastFinal(v1::ModelKind kind, std::shared_ptr<const Model> model,
                       uint32_t round, v1::BestRecord best, Broadcast then);
   void OnFinalDone(const Call& call, const event::CallDone& e);
@@ -427,10 +482,14 @@ class SiteMachine {
   std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds_;
   // When each gathering round's deadline timer is armed for.
   std::map<uint32_t, absl::Time> armed_;
+  std::map<uint32_t, Gathering> gathering_;
   // Rounds closed and being aggregated, with their verdict.
   struct Closing {
     v1::BestRecord best;
     std::optional<double> input_score;
+    uint32_t attempt = 0;
+    Lineage lineage;
+    std::string stop_reason;  // Set: finish after this round (early stop).
   };
   std::map<uint32_t, Closing> aggregating_;
   std::optional<Training> training_;
@@ -451,6 +510,14 @@ class SiteMachine {
   TimerId next_timer_ = 1;
   PersistId next_persist_ = 1;
   std::map<uint32_t, Scatter> scatters_;
+  // Learn tasks to aggregators not yet acknowledged (kept for a failover to
+  // the round's next backup).
+  std::map<uint32_t, Scatter> aggregator_tasks_;
+  std::deque<v1::Failover> failovers_;
+  std::string end_reason_;
+  // The final round and attempt of the finals this site sends or received.
+  uint32_t final_round_ = 0;
+  uint32_t final_attempt_ = 0;
   std::map<RequestId, Held> held_;
   std::map<uint64_t, Broadcast> broadcasts_;
   uint64_t next_broadcast_ = 1;

@@ -14,18 +14,93 @@ namespace swarm {
 
 void SiteMachine::OpenRound(const v1::ModelHeader& header,
                             std::shared_ptr<const Model> base) {
+  const uint32_t round = header.round();
+  v1::ModelHeader task = header;
+  Gathering gathering;
+  gathering.attempt = header.attempt();
+  gathering.lineage = LineageFromProto(header.lineage());
+  gathering.handoff = header.handoff();
+  if (header.handoff()) {
+    // Handed over by a trainer, who does not know who acknowledged the
+    // round's task: expect every trainer but the aggregators given up on,
+    // and drop those that do not come forward within the failover bounds.
+    task.clear_expected_trainers();
+    for (const std::string& trainer : job_->trainers()) {
+      bool failed = false;
+      for (uint32_t k = 0; k < header.attempt(); ++k) {
+        failed = failed || job_->AggregatorAt(round, k) == trainer;
+      }
+      if (!failed) task.add_expected_trainers(trainer);
+    }
+    gathering.heard.insert(header.sender());
+    if (IsTrainer(options_.site)) gathering.heard.insert(options_.site);
+  }
   absl::StatusOr<std::unique_ptr<AggregationRound>> opened =
-      AggregationRound::Open(*job_, options_.site, header, std::move(base),
+      AggregationRound::Open(*job_, options_.site, task, std::move(base),
                              offload_dir_, now_);
   if (!opened.ok()) {
-    return Fail(absl::StrCat("round ", header.round(), ": aggregator"),
-                opened.status());
+    return Fail(absl::StrCat("round ", round, ": aggregator"), opened.status());
   }
-  const uint32_t round = header.round();
   AggregationRound& open = **opened;
   rounds_[round] = std::move(*opened);
+  gathering_[round] = std::move(gathering);
+  if (header.handoff()) {
+    // Every live trainer watches the same aggregator and fails over within
+    // about one failover timeout of the others.
+    Timer timer;
+    timer.purpose = Timer::Purpose::kComeForward;
+    timer.round = round;
+    SetTimer(now_ + 2 * job_->failover_timeout(), timer);
+  }
   PermissionMayChange();
   OnRoundReport(round, open.Check(now_));
+}
+
+void SiteMachine::DropSilentTrainers(uint32_t round) {
+  auto it = rounds_.find(round);
+  auto info = gathering_.find(round);
+  if (it == rounds_.end() || info == gathering_.end()) return;
+  for (const std::string& trainer : job_->trainers()) {
+    if (info->second.heard.count(trainer) > 0) continue;
+    if (it->second->DropTrainer(trainer, "silent after the failover", now_)) {
+      counters_.set_trainers_dropped(counters_.trainers_dropped() + 1);
+      SWARM_LOG_WARNING(
+          "round %d: not waiting for %s: it did not come forward after the "
+          "failover",
+          round, trainer);
+    }
+  }
+  PermissionMayChange();
+  OnRoundReport(round, it->second->Check(now_));
+}
+
+std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
+    uint32_t round, const v1::SubmitPermissionRequest& ask) {
+  auto info = gathering_.find(round);
+  if (info == gathering_.end() || ask.round() != round) return std::nullopt;
+  const Lineage lineage = LineageFromProto(ask.lineage());
+  const int chains = CompareChains(lineage, info->second.lineage, round);
+  if (chains == 0) {
+    info->second.heard.insert(ask.sender());
+    return std::nullopt;
+  }
+  v1::SubmitPermissionReply reply;
+  if (chains < 0) {
+    // The trainer's chain wins: its task is the one to gather.
+    reply.set_outcome(v1::OUTCOME_RETRY);
+    reply.set_needs_learn_task(true);
+    reply.set_retry_after_ms(job_->config().request_to_submit_interval_ms());
+    reply.set_message(absl::StrCat("round ", round, " is gathered here on ",
+                                   "a chain that loses to yours (",
+                                   DescribeLineage(lineage), ")"));
+  } else {
+    reply.set_outcome(v1::OUTCOME_REJECTED);
+    reply.set_message(absl::StrCat(
+        "your learn task of round ", round, " is from a losing chain (",
+        DescribeLineage(lineage), "); this site follows ",
+        DescribeLineage(info->second.lineage)));
+  }
+  return reply;
 }
 
 void SiteMachine::OnRoundReport(uint32_t round, const RoundReport& report) {
@@ -65,6 +140,8 @@ void SiteMachine::CloseRound(uint32_t number) {
   std::shared_ptr<AggregationRound> round = std::move(it->second);
   rounds_.erase(it);
   armed_.erase(number);
+  Gathering gathering = std::move(gathering_[number]);
+  gathering_.erase(number);
   closed_rounds_.Add(round->counters());
   const AggregationRound::Verdict verdict = round->Judge();
   if (verdict.base_is_new_best) {
@@ -80,7 +157,13 @@ void SiteMachine::CloseRound(uint32_t number) {
       verdict.best.present() ? absl::StrCat(verdict.best.metric()) : "none",
       verdict.best.round(), verdict.best.site(),
       verdict.base_is_new_best ? " - new best" : "");
-  aggregating_[number] = Closing{verdict.best, verdict.input_score};
+  Closing closing;
+  closing.best = verdict.best;
+  closing.input_score = verdict.input_score;
+  closing.attempt = gathering.attempt;
+  closing.lineage = std::move(gathering.lineage);
+  closing.stop_reason = EarlyStopReason(*job_, verdict.best, number);
+  aggregating_[number] = std::move(closing);
   PermissionMayChange();
   out_.push_back(effect::RunAggregation{number, std::move(round)});
 }
@@ -107,15 +190,22 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   global.metadata["job"] = job_->id();
   global.metadata["round"] = absl::StrCat(e.round + 1);
   global.metadata["aggregator"] = options_.site;
+  if (closing.attempt > 0) {
+    global.metadata["attempt"] = absl::StrCat(closing.attempt);
+  }
   // The trainers' mean validation metric of this round's input model.
   if (closing.input_score.has_value()) {
     global.metadata["input_score"] = absl::StrCat(*closing.input_score);
   }
   out_.push_back(std::move(global));
-  if (e.round < job_->last_round()) {
-    ScatterRound(e.round + 1, std::move(next), closing.best);
+  if (e.round < job_->last_round() && closing.stop_reason.empty()) {
+    ScatterRound(e.round + 1, std::move(next), closing.best,
+                 Extend(closing.lineage, e.round, closing.attempt));
   } else {
-    FinishJob(e.round, std::move(next), closing.best);
+    final_attempt_ = closing.attempt;
+    FinishJob(e.round, std::move(next), closing.best,
+              closing.stop_reason.empty() ? "done: every round ran"
+                                          : closing.stop_reason);
   }
 }
 
@@ -136,6 +226,17 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
         header.round(), ")"));
   }
   const uint32_t round = target->round();
+  if (header.round() == round) {
+    v1::SubmitPermissionRequest ask;
+    ask.set_round(header.round());
+    ask.set_sender(header.sender());
+    *ask.mutable_lineage() = header.lineage();
+    if (std::optional<v1::SubmitPermissionReply> refused =
+            CheckChain(round, ask);
+        refused.has_value()) {
+      return absl::FailedPreconditionError(refused->message());
+    }
+  }
   AggregationRound::ResultStart start = target->BeginResult(header, now);
   // The upload starts on a slot already taken: a status change only. A
   // refused or failed result frees its slot: held requests may go on.
@@ -205,17 +306,37 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   }
   const uint64_t retry_ms = job_->config().request_to_submit_interval_ms();
   AggregationRound* target = GatheringRound(ask.round());
-  if (target == nullptr) {
-    const bool ahead = !record_.last_task_round.has_value() ||
-                       ask.round() > *record_.last_task_round;
-    reply.set_outcome(ahead ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
+  if (target == nullptr || (target->round() < ask.round())) {
+    // Not gathered here: ahead of this site, or a round it holds as a
+    // trainer only (it is a backup now): either way it lacks the task.
+    const bool lacking = !record_.last_task_round.has_value() ||
+                         ask.round() > *record_.last_task_round ||
+                         (ask.round() == *record_.last_task_round &&
+                          record_.round_aggregator != options_.site &&
+                          aggregating_.count(ask.round()) == 0);
+    reply.set_outcome(lacking ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
+    reply.set_needs_learn_task(lacking);
     reply.set_message(
-        ahead ? absl::StrCat("round ", ask.round(), " is not open here yet")
-              : absl::StrCat("round ", ask.round(), " is closed here"));
-    if (ahead) reply.set_retry_after_ms(retry_ms);
+        lacking ? absl::StrCat("round ", ask.round(), " is not open here")
+                : absl::StrCat("round ", ask.round(), " is closed here"));
+    if (lacking) reply.set_retry_after_ms(retry_ms);
     return reply;
   }
   const uint32_t round = target->round();
+  if (std::optional<v1::SubmitPermissionReply> refused = CheckChain(round, ask);
+      refused.has_value()) {
+    return *refused;
+  }
+  if (ask.probe()) {
+    // Alive and gathering: no slot is taken, nothing is held.
+    reply.set_outcome(round == ask.round() ? v1::OUTCOME_OK
+                                           : v1::OUTCOME_REJECTED);
+    reply.set_message(
+        round == ask.round()
+            ? absl::StrCat("round ", round, " is gathered here")
+            : absl::StrCat("round ", ask.round(), " is closed here"));
+    return reply;
+  }
   const AggregationRound::Permission permission =
       target->RequestToSubmit(ask.sender(), ask.round(), now_);
   const PermissionDecision& decision = permission.decision;
@@ -231,7 +352,8 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
 
 void SiteMachine::OnPermissionAsked(event::PermissionAsked& e) {
   v1::SubmitPermissionReply reply = DecidePermission(e.ask);
-  if (reply.outcome() == v1::OUTCOME_RETRY && e.hold_until > now_) {
+  if (reply.outcome() == v1::OUTCOME_RETRY && e.hold_until > now_ &&
+      !e.ask.probe()) {
     // Held until a slot frees or the round opens (AnswerHeldRequests), or
     // its deadline: no trainer sleeps while a slot is free.
     held_[e.request] = Held{e.ask, e.hold_until};

@@ -19,9 +19,11 @@ std::string FormatMetric(const v1::BestRecord& best) {
 
 void SiteMachine::FinishJob(uint32_t last_round,
                             std::shared_ptr<const Model> last,
-                            v1::BestRecord best) {
+                            v1::BestRecord best, const std::string& reason) {
   if (!Active()) return;
   SetState(v1::SITE_STATE_DISTRIBUTING);
+  final_round_ = last_round;
+  end_reason_ = reason;
   Broadcast then;
   then.then_best = true;
   then.best = best;
@@ -32,9 +34,11 @@ void SiteMachine::FinishJob(uint32_t last_round,
   } else if (best.site() == options_.site) {
     then.best_model = best_model_;
   }
-  SWARM_LOG_INFO("job %s: finishing; best %s from %s (round %d)", job_->id(),
-                 FormatMetric(best), best.present() ? best.site() : "-",
-                 best.round());
+  SWARM_LOG_INFO(
+      "job %s: finishing after round %d (%s); best %s from %s "
+      "(round %d)",
+      job_->id(), last_round, reason, FormatMetric(best),
+      best.present() ? best.site() : "-", best.round());
   // LAST first: it carries the final best record from this site, the one
   // every site trusts for it, so that a BEST from another holder is then
   // accepted on the strength of each site's own record (AdmitStream).
@@ -48,7 +52,10 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
                                  Broadcast then) {
   v1::ModelHeader header = BaseHeader(kind, round);
   *header.mutable_best() = best;
+  header.set_final_round(final_round_);
+  header.set_attempt(final_attempt_);
   auto& metadata = *header.mutable_metadata();
+  if (!end_reason_.empty()) metadata["end_reason"] = end_reason_;
   metadata["job"] = job_->id();
   metadata["round"] = absl::StrCat(round);
   metadata["kind"] = kind == v1::MODEL_KIND_BEST ? "best" : "last";
@@ -115,6 +122,8 @@ void SiteMachine::AfterLast(Broadcast& done) {
   message.share_best.set_job_id(job_->id());
   message.share_best.set_sender(options_.site);
   *message.share_best.mutable_best() = best;
+  message.share_best.set_final_round(final_round_);
+  message.share_best.set_attempt(final_attempt_);
   for (const v1::SiteInfo& site : job_->config().sites()) {
     message.share_best.add_targets(site.name());
   }
@@ -129,12 +138,14 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
   const v1::ShareBestRequest& request = e.share;
   absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
-  if (request.sender() != job_->LastRoundAggregator()) {
+  // The final round's aggregator asks (at any attempt, and after an early
+  // stop: any candidate may be it; the BEST it triggers is still checked by
+  // every receiver against its own record).
+  if (!job_->IsCandidate(request.sender())) {
     return Reply(e.request,
                  MakeReply(v1::OUTCOME_REJECTED,
-                           absl::StrCat("only the last round's aggregator ",
-                                        job_->LastRoundAggregator(),
-                                        " may ask to share the best model, "
+                           absl::StrCat("only the final round's aggregator "
+                                        "may ask to share the best model, "
                                         "not ",
                                         request.sender())));
   }
@@ -147,6 +158,8 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
                                         request.best().round())));
   }
   // The holder distributes BEST itself; the reply does not wait for it.
+  final_round_ = request.final_round();
+  final_attempt_ = request.attempt();
   BroadcastFinal(v1::MODEL_KIND_BEST, best_model_, request.best().round(),
                  request.best(), Broadcast());
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "sharing the best model"));
@@ -159,9 +172,12 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
   // The record is taken only from the last round's aggregator (who closed
   // the last round and so knows the final best); a BEST from the holder
   // carries the record this site already has (AdmitStream checked it).
-  if (header.sender() == job_->LastRoundAggregator() ||
+  if (header.sender() ==
+          job_->AggregatorAt(header.final_round(), header.attempt()) ||
       header.sender() == options_.site) {
     record_.best = header.best();
+    auto reason = header.metadata().find("end_reason");
+    if (reason != header.metadata().end()) end_reason_ = reason->second;
   }
   PermissionMayChange();
   SWARM_LOG_INFO("job %s: %s model of round %d received from %s",

@@ -227,6 +227,9 @@ class SiteMachineTest : public ::testing::Test {
     h.set_sender(sender);
     h.set_aggregator(view_->AggregatorOf(round));
     *h.mutable_best() = best;
+    if (kind == v1::MODEL_KIND_BEST || kind == v1::MODEL_KIND_LAST) {
+      h.set_final_round(view_->last_round());
+    }
     return h;
   }
   v1::ModelHeader LearnTask(uint32_t round,

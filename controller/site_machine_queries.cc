@@ -59,6 +59,13 @@ v1::StatusReply SiteMachine::Status() const {
     (*status->mutable_metrics())[name] = value;
   }
   status->set_waiting_for(learner_waiting_);
+  status->set_attempt(record_.attempt);
+  for (const v1::Failover& failover : failovers_) {
+    *status->add_failovers() = failover;
+  }
+  std::string end_reason = end_reason_;
+  if (record_.state == v1::SITE_STATE_ABORTED) end_reason = last_error_;
+  if (IsTerminal(record_.state)) status->set_end_reason(end_reason);
   reply.set_version(status_version_);
   return reply;
 }

@@ -164,21 +164,75 @@ TEST_F(SiteMachineTest, TrainerGivesUpAskingAfterMaxWait) {
   EXPECT_NE(Status().state(), v1::SITE_STATE_WAITING_FOR_PERMISSION);
 }
 
-TEST_F(SiteMachineTest, UnreachableAggregatorRetriesAtIntervalThenFails) {
+TEST_F(SiteMachineTest, UnreachableAggregatorFailsOverToTheNextBackup) {
+  // b trains round 0, whose aggregator is down: after failover_attempts
+  // (3) failed asks, b hands the round (its learn task, attempt 1, with the
+  // model) to the next site of the election order, then asks it.
+  Make("b",
+       Job([](v1::JobConfig* job) { job->add_aggregator_candidates("e"); }));
+  const std::vector<std::string> order = view_->ElectionOrder(0);
+  ASSERT_EQ(order.size(), 2u);
+  const std::string dead = order[0];
+  const std::string backup = order[1];
+  Deliver(LearnTask(0), Shared(1));
+  Effects fx = Trained();
+  for (int failure = 1; failure <= 3; ++failure) {
+    const std::vector<const effect::Send*> asks =
+        FindSends(fx, CallKind::kRequestToSubmit);
+    ASSERT_EQ(asks.size(), 1u) << "failure " << failure;
+    EXPECT_EQ(asks[0]->to.name(), dead);
+    fx = Step(event::CallDone{asks[0]->call, absl::UnavailableError("down")});
+    if (failure < 3) {
+      // After an error, the interval paces the retry.
+      ASSERT_THAT(TimerTimes(fx), ElementsAre(now_ + absl::Milliseconds(100)));
+      fx = Fire(*All<effect::SetTimer>(fx)[0]);
+    }
+  }
+  const std::vector<const effect::Send*> handoff =
+      FindSends(fx, CallKind::kLearnTask);
+  ASSERT_EQ(handoff.size(), 1u);
+  EXPECT_EQ(handoff[0]->to.name(), backup);
+  const v1::ModelHeader& task = handoff[0]->message.header;
+  EXPECT_TRUE(task.handoff());
+  EXPECT_EQ(task.attempt(), 1u);
+  EXPECT_EQ(task.aggregator(), backup);
+  EXPECT_EQ(task.sender(), "b");
+  ASSERT_NE(handoff[0]->message.model, nullptr);
+  EXPECT_THAT(Status().last_error(),
+              HasSubstr("aggregator " + dead + " unreachable"));
+  ASSERT_EQ(Status().failovers_size(), 1);
+  EXPECT_EQ(Status().failovers(0).from(), dead);
+  EXPECT_EQ(Status().failovers(0).to(), backup);
+  EXPECT_EQ(Status().counters().failovers(), 1u);
+  // Acknowledged: b asks the backup, at attempt 1, for a slot.
+  fx = Done(*handoff[0]);
+  const std::vector<const effect::Send*> ask =
+      FindSends(fx, CallKind::kRequestToSubmit);
+  ASSERT_EQ(ask.size(), 1u);
+  EXPECT_EQ(ask[0]->to.name(), backup);
+  EXPECT_EQ(ask[0]->message.permission.attempt(), 1u);
+  EXPECT_FALSE(ask[0]->message.permission.probe());
+}
+
+TEST_F(SiteMachineTest, NoBackupLeftFailsTheJobNamingTheLast) {
   Make("b");
   Deliver(LearnTask(0), Shared(1));
   Effects fx = Trained();
-  const effect::Send ask = *FindSends(fx, CallKind::kRequestToSubmit).at(0);
-  fx = Step(event::CallDone{ask.call, absl::UnavailableError("down")});
-  // After an error, the interval paces the retry.
-  ASSERT_THAT(TimerTimes(fx), ElementsAre(kT0 + absl::Milliseconds(100)));
-  fx = Fire(*All<effect::SetTimer>(fx)[0]);
-  const effect::Send again = *FindSends(fx, CallKind::kRequestToSubmit).at(0);
-  now_ = kT0 + absl::Seconds(30);
-  fx = Step(event::CallDone{again.call, absl::UnavailableError("down")});
-  EXPECT_THAT(All<effect::Send>(fx), IsEmpty());
+  const size_t sites = view_->ElectionOrder(0).size();
+  for (size_t steps = 0; steps < 10 * sites + 10; ++steps) {
+    const std::vector<const effect::Send*> sends = All<effect::Send>(fx);
+    if (sends.empty()) {
+      const std::vector<const effect::SetTimer*> timers =
+          All<effect::SetTimer>(fx);
+      if (timers.empty()) break;
+      fx = Fire(*timers.back());
+      continue;
+    }
+    fx = Step(event::CallDone{sends[0]->call, absl::UnavailableError("down")});
+  }
   EXPECT_EQ(Status().state(), v1::SITE_STATE_FAILED);
-  EXPECT_THAT(Status().last_error(), HasSubstr("request_to_submit_max_wait"));
+  EXPECT_THAT(Status().last_error(), HasSubstr("no aggregator reachable"));
+  EXPECT_THAT(Status().end_reason(), HasSubstr("no aggregator reachable"));
 }
 
 // --- Finish (step 8). The machine sends LAST before BEST on purpose (LAST

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "controller/admission.h"
 #include "controller/replies.h"
 #include "controller/retry_policy.h"
 #include "controller/site_machine.h"
@@ -24,7 +25,7 @@ absl::Status ReplyStatus(const event::CallDone& e) {
 
 void SiteMachine::ScatterRound(uint32_t round,
                                std::shared_ptr<const Model> global,
-                               v1::BestRecord best) {
+                               v1::BestRecord best, const Lineage& lineage) {
   if (!Active()) return;
   const std::vector<std::string> order = job_->ElectionOrder(round);
   if (order.empty()) {
@@ -38,6 +39,7 @@ void SiteMachine::ScatterRound(uint32_t round,
     scatter.header.add_backup_aggregators(order[i]);
   }
   *scatter.header.mutable_best() = best;
+  LineageToProto(lineage, scatter.header.mutable_lineage());
   scatter.global = std::move(global);
   SWARM_LOG_INFO("round %d: scattering to %d trainers, aggregator %s", round,
                  static_cast<int>(job_->trainers().size()), order[0]);
@@ -83,33 +85,60 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
 
 void SiteMachine::SendTaskToAggregator(const Scatter& scatter) {
   if (!Active()) return;
-  const std::string& aggregator = scatter.header.aggregator();
+  const uint32_t round = scatter.header.round();
+  Scatter& task = aggregator_tasks_[round] = scatter;
   std::vector<std::string> expected = scatter.acked;
-  if (IsTrainer(aggregator)) expected.push_back(aggregator);
+  if (IsTrainer(scatter.header.aggregator())) {
+    expected.push_back(scatter.header.aggregator());
+  }
   std::sort(expected.begin(), expected.end());
+  for (const std::string& name : expected) {
+    task.header.add_expected_trainers(name);
+  }
+  SendAggregatorTask(round);
+}
+
+void SiteMachine::SendAggregatorTask(uint32_t round) {
+  const Scatter& task = aggregator_tasks_.at(round);
   PeerMessage message;
   message.kind = CallKind::kLearnTask;
-  message.header = scatter.header;
-  for (const std::string& name : expected) {
-    message.header.add_expected_trainers(name);
-  }
-  message.model = scatter.global;
+  message.header = task.header;
+  message.model = task.global;
   message.timeout = job_->learn_task_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kTaskToAggregator;
-  call.round = scatter.header.round();
-  // Without this task the round cannot happen, and the trainers, which
-  // already hold theirs, wait for it up to request_to_submit_max_wait: so
-  // keep trying that long (an aggregator back from a restart or a network
-  // cut then runs the round), as long as this job runs here.
-  Send(aggregator, std::move(message), call, /*retry=*/true,
-       now_ + job_->request_to_submit_max_wait());
+  call.round = round;
+  // Without this task the round cannot happen: keep trying for the
+  // failover timeout (an aggregator back from a short cut then runs the
+  // round), then hand the round to the next backup.
+  Send(task.header.aggregator(), std::move(message), call, /*retry=*/true,
+       now_ + job_->failover_timeout());
+}
+
+void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
+                               const std::string& to,
+                               const std::string& reason) {
+  v1::Failover failover;
+  failover.set_round(round);
+  failover.set_from(from);
+  failover.set_to(to);
+  failover.set_reason(reason);
+  failovers_.push_back(std::move(failover));
+  while (failovers_.size() > 32) failovers_.pop_front();
+  SWARM_LOG_WARNING("round %d: failover from %s to %s (%s)", round, from, to,
+                    reason);
+  Changed();
 }
 
 void SiteMachine::OnTaskToAggregatorDone(const Call& call,
                                          const event::CallDone& e) {
+  auto it = aggregator_tasks_.find(call.round);
+  if (it == aggregator_tasks_.end()) return;
   const absl::Status status = ReplyStatus(e);
-  if (status.ok() || !Active()) return;
+  if (status.ok() || !Active()) {
+    aggregator_tasks_.erase(it);
+    return;
+  }
   if (status.code() == absl::StatusCode::kFailedPrecondition &&
       e.maybe_delivered) {
     // An earlier attempt did arrive and the aggregator has moved on (it
@@ -117,67 +146,161 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
     // went ahead. Not a reason to fail the job.
     SWARM_LOG_INFO("round %d: aggregator %s already had its learn task (%s)",
                    call.round, call.target, status.message());
+    aggregator_tasks_.erase(it);
     return;
   }
   if (call.target == options_.site) {
     return Fail(absl::StrCat("round ", call.round, ": own learn task"), status);
   }
-  // Failover to a backup aggregator is the resilience issue's; for now the
-  // job cannot continue without this round's aggregator.
-  Fail(absl::StrCat("round ", call.round, ": aggregator ", call.target,
-                    " unreachable"),
-       status);
+  if (e.reply.ok()) {
+    // The aggregator answered and refused: its reason stands (another chain
+    // won, or the round went on without this task).
+    ReportError(absl::StrCat("round ", call.round, ": aggregator ", call.target,
+                             " refused its learn task"),
+                status);
+    aggregator_tasks_.erase(it);
+    return;
+  }
+  Scatter& task = it->second;
+  const uint32_t next = task.header.attempt() + 1;
+  const std::string backup = job_->AggregatorAt(call.round, next);
+  if (backup.empty()) {
+    return Fail(absl::StrCat("round ", call.round, ": no aggregator reachable ",
+                             "(the last backup was ", call.target, ")"),
+                status);
+  }
+  ReportError(absl::StrCat("round ", call.round, ": aggregator ", call.target,
+                           " unreachable"),
+              status);
+  NoteFailover(call.round, call.target, backup,
+               absl::StrCat("learn task not delivered: ", status.message()));
+  counters_.set_failovers(counters_.failovers() + 1);
+  task.header.set_aggregator(backup);
+  task.header.set_attempt(next);
+  SendAggregatorTask(call.round);
 }
 
 v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
                                        std::shared_ptr<const Model> model) {
-  if (IsTerminal(record_.state)) {
-    return MakeReply(
-        v1::OUTCOME_ABORTED,
-        absl::StrCat("job is ", v1::SiteState_Name(record_.state)));
+  // Judged again: the site may have moved on while the body streamed in.
+  absl::StatusOr<Admitted> admitted = AdmitStream(job_.get(), record_, header);
+  if (!admitted.ok()) return ReplyFromStatus(admitted.status());
+  if (!admitted->receive_body) {
+    OnHeldTask(header, admitted->task);
+    return MakeReply(v1::OUTCOME_OK, admitted->message);
   }
-  if (record_.last_task_round.has_value() &&
-      header.round() == *record_.last_task_round &&
-      header.aggregator() == record_.round_aggregator) {
-    // The same task again: the sender retried because our acknowledgement
-    // was lost. Acknowledge it again; nothing else changes.
-    return MakeReply(v1::OUTCOME_OK,
-                     absl::StrCat("learn task of round ", header.round(),
-                                  " already accepted"));
-  }
-  if (record_.last_task_round.has_value() &&
-      header.round() <= *record_.last_task_round) {
-    return MakeReply(v1::OUTCOME_REJECTED,
-                     absl::StrCat("site ", options_.site,
-                                  " already has the learn task of round ",
-                                  *record_.last_task_round));
-  }
+  if (admitted->task == TaskVerdict::kSwitch) DropLosingChain(header);
   const bool aggregate = header.aggregator() == options_.site;
   const bool train = IsTrainer(options_.site);
   record_.started = true;
   record_.last_task_round = header.round();
   record_.round_aggregator = header.aggregator();
+  record_.attempt = header.attempt();
+  record_.lineage = LineageFromProto(header.lineage());
   record_.best = header.best();
   current_global_ = model;
   PermissionMayChange();
-  if (aggregate) OpenRound(header, model);
+  // The outcome of the round this site trained before is known now: its
+  // kept result is no longer needed.
+  if (training_.has_value()) out_.push_back(effect::CancelTraining{});
+  training_.reset();
+  if (aggregate) {
+    if (header.attempt() > 0) {
+      counters_.set_rounds_taken_over(counters_.rounds_taken_over() + 1);
+    }
+    OpenRound(header, model);
+  }
   if (train) {
-    if (training_.has_value()) out_.push_back(effect::CancelTraining{});
     training_.emplace();
     training_->id = next_training_++;
     training_->round = header.round();
     training_->global = model;
+    training_->task = header;
+    training_->task.clear_expected_trainers();
     training_->aggregator = header.aggregator();
+    training_->attempt = header.attempt();
     SetState(v1::SITE_STATE_TRAINING);
     out_.push_back(effect::StartTraining{header.round(), model,
                                          job_->config().send_weight_diff()});
+    // Watch the aggregator while training, so that its death moves the
+    // round to a backup before this site's result is ready.
+    if (!aggregate) ScheduleAsk(job_->failover_timeout() / 2);
   } else if (aggregate) {
     SetState(v1::SITE_STATE_GATHERING);
   }
-  SWARM_LOG_INFO("round %d: learn task from %s (aggregator %s%s)",
+  SWARM_LOG_INFO("round %d: learn task from %s (aggregator %s%s%s)",
                  header.round(), header.sender(), header.aggregator(),
+                 header.attempt() > 0
+                     ? absl::StrCat(" at attempt ", header.attempt())
+                     : std::string(),
                  aggregate ? ", that is me" : "");
   return MakeReply(v1::OUTCOME_OK, "learn task accepted");
+}
+
+void SiteMachine::OnHeldTask(const v1::ModelHeader& header,
+                             TaskVerdict verdict) {
+  if (verdict == TaskVerdict::kTakeOver) return TakeOver(header);
+  auto info = gathering_.find(header.round());
+  if (header.handoff() && info != gathering_.end()) {
+    info->second.heard.insert(header.sender());
+  }
+}
+
+void SiteMachine::TakeOver(const v1::ModelHeader& header) {
+  const uint32_t round = header.round();
+  NoteFailover(round, record_.round_aggregator, options_.site,
+               absl::StrCat("handed over by ", header.sender()));
+  counters_.set_rounds_taken_over(counters_.rounds_taken_over() + 1);
+  record_.round_aggregator = options_.site;
+  record_.attempt = header.attempt();
+  PermissionMayChange();
+  OpenRound(header, current_global_);
+  if (training_.has_value() && training_->round == round) {
+    // This site's own result goes to itself now (again, if it went to the
+    // aggregator given up on).
+    Training& task = *training_;
+    task.aggregator = options_.site;
+    task.attempt = header.attempt();
+    task.task.set_aggregator(options_.site);
+    task.task.set_attempt(header.attempt());
+    task.submitted = false;
+    task.failures = 0;
+    task.failing_since = absl::InfiniteFuture();
+    task.lacking_since = absl::InfiniteFuture();
+    if (task.trained) {
+      task.result_header.set_aggregator(options_.site);
+      task.result_header.set_attempt(header.attempt());
+      SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
+      AskToSubmit();
+    }
+  } else if (rounds_.count(round) > 0) {
+    SetState(v1::SITE_STATE_GATHERING);
+  }
+}
+
+void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
+  uint32_t round = 0;
+  const Lineage lineage = LineageFromProto(winner.lineage());
+  CompareChains(lineage, record_.lineage,
+                std::min(winner.round(), *record_.last_task_round), &round);
+  const uint64_t dropped = rounds_.size() + aggregating_.size();
+  counters_.set_discarded_aggregates(counters_.discarded_aggregates() + 1);
+  ReportError(absl::StrCat("round ", winner.round(),
+                           ": switching to the chain of ", winner.sender()),
+              absl::AbortedError(absl::StrCat(
+                  "it aggregated round ", round, " at attempt ",
+                  AttemptOf(lineage, round), ", this site's chain at attempt ",
+                  AttemptOf(record_.lineage, round), "; the lower wins",
+                  dropped > 0 ? absl::StrCat("; dropped ", dropped,
+                                             " round(s) this site gathered")
+                              : std::string())));
+  DropRounds();
+  gathering_.clear();
+  armed_.clear();
+  aggregating_.clear();
+  aggregator_tasks_.clear();
+  scatters_.clear();
+  PermissionMayChange();
 }
 
 void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
@@ -190,6 +313,8 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
   v1::ModelHeader& header = task.result_header;
   header = BaseHeader(v1::MODEL_KIND_RESULT, task.round);
   header.set_aggregator(task.aggregator);
+  header.set_attempt(task.attempt);
+  *header.mutable_lineage() = task.task.lineage();
   if (e.metrics.ok()) {
     for (const auto& [name, value] : *e.metrics) {
       (*header.mutable_metrics())[name] = value;
@@ -214,27 +339,167 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
   AskToSubmit();
 }
 
+void SiteMachine::AddChain(v1::SubmitPermissionRequest* ask) const {
+  ask->set_attempt(training_->attempt);
+  *ask->mutable_lineage() = training_->task.lineage();
+}
+
 void SiteMachine::AskToSubmit() {
-  if (!training_.has_value() || !Active()) return;
+  if (!training_.has_value() || !Active() || training_->handing_off) return;
+  Training& task = *training_;
+  task.ask_timer = 0;
+  const bool probe = !task.trained || task.submitted;
+  if (probe && task.aggregator == options_.site) return;
   PeerMessage message;
   message.kind = CallKind::kRequestToSubmit;
   message.permission.set_job_id(job_->id());
   message.permission.set_sender(options_.site);
-  message.permission.set_round(training_->round);
+  message.permission.set_round(task.round);
+  message.permission.set_probe(probe);
+  AddChain(&message.permission);
   message.timeout = job_->request_to_submit_message_timeout();
   Call call;
   call.purpose = Call::Purpose::kAskPermission;
-  call.round = training_->round;
-  Send(training_->aggregator, std::move(message), call, /*retry=*/false);
+  call.round = task.round;
+  call.probe = probe;
+  Send(task.aggregator, std::move(message), call, /*retry=*/false);
+}
+
+void SiteMachine::ScheduleAsk(absl::Duration wait) {
+  if (wait <= absl::ZeroDuration()) return AskToSubmit();
+  Timer timer;
+  timer.purpose = Timer::Purpose::kAskAgain;
+  timer.training = training_->id;
+  training_->ask_timer = SetTimer(now_ + wait, timer);
+}
+
+void SiteMachine::OnAggregatorTrouble(const absl::Status& status) {
+  Training& task = *training_;
+  const bool lacking = status.ok();  // Alive, but it lacks the task.
+  if (lacking) {
+    task.lacking_since = std::min(task.lacking_since, now_);
+    if (now_ - task.lacking_since >= job_->failover_timeout()) {
+      task.lacking_since = absl::InfiniteFuture();
+      return HandOff();
+    }
+  } else {
+    ++task.failures;
+    task.failing_since = std::min(task.failing_since, now_);
+    if (task.failures >= static_cast<int>(job_->failover_attempts()) ||
+        now_ - task.failing_since >= job_->failover_timeout()) {
+      return FailOver(std::string(status.message()));
+    }
+  }
+  ScheduleAsk(job_->request_to_submit_interval());
+}
+
+void SiteMachine::FailOver(const std::string& reason) {
+  Training& task = *training_;
+  const uint32_t next = task.attempt + 1;
+  const std::string backup = job_->AggregatorAt(task.round, next);
+  if (backup.empty()) {
+    return Fail(
+        absl::StrCat("round ", task.round, ": no aggregator reachable"),
+        absl::UnavailableError(absl::StrCat(
+            "the last backup, ", task.aggregator, ", failed: ", reason)));
+  }
+  ReportError(absl::StrCat("round ", task.round, ": aggregator ",
+                           task.aggregator, " unreachable"),
+              absl::UnavailableError(reason));
+  NoteFailover(task.round, task.aggregator, backup, reason);
+  counters_.set_failovers(counters_.failovers() + 1);
+  task.aggregator = backup;
+  task.attempt = next;
+  task.task.set_aggregator(backup);
+  task.task.set_attempt(next);
+  task.result_header.set_aggregator(backup);
+  task.result_header.set_attempt(next);
+  task.submitted = false;
+  task.failures = 0;
+  task.failing_since = absl::InfiniteFuture();
+  task.lacking_since = absl::InfiniteFuture();
+  if (backup != options_.site) {
+    record_.round_aggregator = backup;
+    record_.attempt = next;
+  }
+  if (task.trained) SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
+  HandOff();
+}
+
+void SiteMachine::HandOff() {
+  Training& task = *training_;
+  task.handing_off = true;
+  PeerMessage message;
+  message.kind = CallKind::kLearnTask;
+  message.header = task.task;
+  message.header.set_sender(options_.site);
+  message.header.set_handoff(true);
+  message.model = task.global;
+  message.timeout = job_->learn_task_ack_timeout();
+  Call call;
+  call.purpose = Call::Purpose::kHandoff;
+  call.round = task.round;
+  SWARM_LOG_INFO("round %d: handing the round to %s (attempt %d)", task.round,
+                 task.aggregator, task.attempt);
+  Send(task.aggregator, std::move(message), call, /*retry=*/false);
+}
+
+void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
+  if (!training_.has_value() || training_->round != call.round ||
+      training_->aggregator != call.target || !Active()) {
+    return;
+  }
+  Training& task = *training_;
+  task.handing_off = false;
+  const absl::Status status = ReplyStatus(e);
+  if (status.ok()) {
+    if (task.trained && !task.submitted) return AskToSubmit();
+    return ScheduleAsk(job_->failover_timeout() / 2);
+  }
+  if (!e.reply.ok()) return OnAggregatorTrouble(e.reply.status());
+  // Refused: the round went on without this site (a later round is under
+  // way there, or another chain won). Its next learn task brings it back.
+  ReportError(
+      absl::StrCat("round ", task.round, ": ", call.target,
+                   " refused the handoff; this site's result is ", "left out"),
+      status);
+  training_.reset();
+  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
 }
 
 void SiteMachine::OnPermissionReply(const Call& call,
                                     const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round || !Active()) {
+  if (!training_.has_value() || training_->round != call.round ||
+      training_->aggregator != call.target || !Active()) {
     return;
   }
   Training& task = *training_;
-  if (e.reply.ok() && e.reply->permission.outcome() == v1::OUTCOME_OK) {
+  // A reply to a probe while this site now asks for a slot (or the other
+  // way round) belongs to a chain of calls that has ended.
+  if (call.probe != (!task.trained || task.submitted)) return;
+  if (!e.reply.ok()) {
+    ReportError(absl::StrCat("round ", task.round, ": ",
+                             call.probe ? "probing " : "asking ",
+                             task.aggregator, call.probe ? "" : " to submit"),
+                e.reply.status());
+    return OnAggregatorTrouble(e.reply.status());
+  }
+  const v1::SubmitPermissionReply& reply = e.reply->permission;
+  task.failures = 0;
+  task.failing_since = absl::InfiniteFuture();
+  if (reply.outcome() == v1::OUTCOME_RETRY && reply.needs_learn_task()) {
+    // Alive, but without this round's task (it never arrived, or it came
+    // back from a restart): hand it over once that lasts.
+    task.submitted = false;
+    return OnAggregatorTrouble(absl::OkStatus());
+  }
+  task.lacking_since = absl::InfiniteFuture();
+  if (call.probe) {
+    // The aggregator is alive (it gathers the round, or closed it and the
+    // outcome is on its way). Look again later.
+    return ScheduleAsk(job_->failover_timeout() / 2);
+  }
+  if (reply.outcome() == v1::OUTCOME_OK) {
     SetState(v1::SITE_STATE_SUBMITTING);
     PeerMessage message;
     message.kind = CallKind::kSubmitResult;
@@ -246,35 +511,18 @@ void SiteMachine::OnPermissionReply(const Call& call,
     Send(task.aggregator, std::move(message), submit, /*retry=*/false);
     return;
   }
-  absl::Duration wait = job_->request_to_submit_interval();
+  if (reply.outcome() != v1::OUTCOME_RETRY) {
+    ReportError(absl::StrCat("round ", task.round, ": aggregator ",
+                             task.aggregator, " refused the submission"),
+                absl::FailedPreconditionError(reply.message()));
+    training_.reset();
+    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+    return;
+  }
   const absl::Time give_up =
       task.asking_since + job_->request_to_submit_max_wait();
-  if (e.reply.ok()) {
-    const v1::SubmitPermissionReply& reply = e.reply->permission;
-    if (reply.outcome() != v1::OUTCOME_RETRY) {
-      ReportError(absl::StrCat("round ", task.round, ": aggregator ",
-                               task.aggregator, " refused the submission"),
-                  absl::FailedPreconditionError(reply.message()));
-      training_.reset();
-      SetState(v1::SITE_STATE_IDLE);
-      return;
-    }
-    wait = absl::Milliseconds(reply.retry_after_ms());
-  } else {
-    ReportError(absl::StrCat("round ", task.round, ": asking to submit to ",
-                             task.aggregator),
-                e.reply.status());
-  }
+  const absl::Duration wait = absl::Milliseconds(reply.retry_after_ms());
   if (now_ + wait > give_up) {
-    if (!e.reply.ok()) {
-      // The aggregator stayed unreachable for request_to_submit_max_wait.
-      // Without failover nothing will come for this job: fail visibly
-      // rather than wait idle forever.
-      return Fail(
-          absl::StrCat("round ", task.round, ": aggregator ", task.aggregator,
-                       " unreachable for request_to_submit_max_wait"),
-          e.reply.status());
-    }
     ReportError(
         absl::StrCat("round ", task.round, ": gave up asking ", task.aggregator,
                      " to submit"),
@@ -283,39 +531,42 @@ void SiteMachine::OnPermissionReply(const Call& call,
     SetState(v1::SITE_STATE_IDLE);
     return;
   }
-  if (wait <= absl::ZeroDuration()) return AskToSubmit();
-  Timer timer;
-  timer.purpose = Timer::Purpose::kAskAgain;
-  timer.training = task.id;
-  SetTimer(now_ + wait, timer);
+  ScheduleAsk(wait);
 }
 
 void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round) return;
+  if (!training_.has_value() || training_->round != call.round ||
+      training_->aggregator != call.target) {
+    return;
+  }
+  Training& task = *training_;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
     SWARM_LOG_INFO("round %d: result submitted to %s", call.round, call.target);
-    training_.reset();
+    // Kept until the round's outcome arrives; the aggregator is probed
+    // meanwhile, so that its death moves the round to a backup.
+    task.submitted = true;
     SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+    if (call.target != options_.site) {
+      ScheduleAsk(job_->failover_timeout() / 2);
+    }
     return;
   }
   ReportError(
       absl::StrCat("round ", call.round, ": submitting to ", call.target),
       status);
-  const bool again =
-      (!e.reply.ok() && RetryPolicy::Retryable(e.reply.status())) ||
-      (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_RETRY);
-  if (again && Active()) {
+  if (!Active()) return;
+  if (!e.reply.ok() && RetryPolicy::Retryable(e.reply.status())) {
+    SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
+    return OnAggregatorTrouble(e.reply.status());
+  }
+  if (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_RETRY) {
     // The permission was released with the failed upload: ask again.
     SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
-    Timer timer;
-    timer.purpose = Timer::Purpose::kAskAgain;
-    timer.training = training_->id;
-    SetTimer(now_ + job_->request_to_submit_interval(), timer);
-    return;
+    return ScheduleAsk(job_->request_to_submit_interval());
   }
   training_.reset();
-  SetState(v1::SITE_STATE_IDLE);
+  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
 }
 
 }  // namespace swarm

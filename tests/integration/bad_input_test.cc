@@ -538,10 +538,16 @@ TEST_F(FakeAggregatorTest, RefusesALearnTaskForARoundItAlreadyHad) {
   EXPECT_EQ(repeat->outcome(), v1::OUTCOME_OK) << repeat->message();
   EXPECT_THAT(repeat->message(),
               HasSubstr("learn task of round 3 already accepted"));
-  // Earlier rounds, or round 3 from another aggregator, are refused.
+  // Round 3 naming another aggregator than the election's (at attempt 0)
+  // is refused as such.
+  absl::StatusOr<v1::Reply> other = SendLearnTask(3, kJob, "site-a");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("names site-a as aggregator of round 3 at attempt 0"));
+  // Earlier rounds are refused.
   for (const auto& [round, aggregator] :
-       std::vector<std::pair<uint32_t, std::string>>{
-           {2, "fake-aggr"}, {0, "fake-aggr"}, {3, "site-a"}}) {
+       std::vector<std::pair<uint32_t, std::string>>{{2, "fake-aggr"},
+                                                     {0, "fake-aggr"}}) {
     SCOPED_TRACE(absl::StrCat("round ", round, " from ", aggregator));
     absl::StatusOr<v1::Reply> again = SendLearnTask(round, kJob, aggregator);
     EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition)
