@@ -288,5 +288,45 @@ TEST(PrometheusTest, CountersAddUpAcrossSites) {
                kRounds, absl::FormatDuration(absl::Now() - test_start).c_str());
 }
 
+// A metrics address in use, or one that does not parse, refuses the
+// daemon's start with a message naming the field (no Prometheus needed).
+TEST(MetricsListenTest, BadOrUsedAddressRefusesTheStart) {
+  LocalSwarm swarm("metrics_listen_test", Transport::kInsecure);
+  ASSERT_TRUE(swarm.StartSiteWithMetrics("site-a", {}).ok());
+  const std::string taken = swarm.site("site-a").metrics_address;
+  ASSERT_FALSE(taken.empty());
+  const HttpResponse scrape =
+      HttpGet(taken, "/metrics", absl::Now() + absl::Seconds(10)).value();
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_THAT(scrape.body, ::testing::HasSubstr("swarm_state{site=\"site-a\""));
+  EXPECT_EQ(HttpGet(taken, "/", absl::Now() + absl::Seconds(10))->status, 404);
+
+  struct Case {
+    std::string address;
+    int exit_code;
+    std::string says;
+  };
+  for (const Case& bad :
+       {Case{taken, 1, "metrics_listen: " + taken + " is in use"},
+        Case{"localhost", 2,
+             "metrics_listen: \"localhost\" is not host:port"}}) {
+    const std::string config = swarm.WriteFile(
+        "site-b.json",
+        absl::StrCat(R"({"name": "site-b", "listen_address": "127.0.0.1:0",
+                         "workspace": ")",
+                     swarm.Workspace("site-b"),
+                     R"(", "learner": {"kind": "test"},
+                         "metrics_listen": ")",
+                     bad.address, R"("})"));
+    const CommandResult run =
+        RunCommand({SwarmClientPath(), "--config", config, "--insecure"},
+                   absl::StrCat(swarm.dir(), "/site-b-run"), absl::Seconds(30));
+    EXPECT_EQ(run.code(), bad.exit_code) << run.ToString();
+    EXPECT_THAT(run.err, ::testing::HasSubstr(bad.says)) << run.ToString();
+    EXPECT_THAT(run.out, ::testing::Not(::testing::HasSubstr("listening on")));
+  }
+  EXPECT_TRUE(swarm.StopAll(absl::Seconds(20)).ok());
+}
+
 }  // namespace
 }  // namespace swarm::testing
