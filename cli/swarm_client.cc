@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cli/metered_transport.h"
 #include "cli/site_metrics.h"
 #include "common/logging.h"
 #include "config/site_config.h"
@@ -256,6 +257,21 @@ class Observability {
     return endpoint_->Start(config.metrics_listen());
   }
 
+  // `inner` with its outgoing calls counted per peer when metrics are on,
+  // else `inner` itself. REQUIRES: after Listen; `inner` outlives every use
+  // of the result.
+  PeerTransport* Meter(PeerTransport* inner, const std::string& site) {
+    if (metrics_ == nullptr) return inner;
+    absl::StatusOr<std::unique_ptr<MeteredTransport>> metered =
+        MeteredTransport::Create(inner, &registry_, site);
+    if (!metered.ok()) {
+      SWARM_LOG_WARNING("per-peer metrics off: %s", metered.status().message());
+      return inner;
+    }
+    metered_ = std::move(*metered);
+    return metered_.get();
+  }
+
   // "" when metrics are off.
   std::string address() const {
     return endpoint_ != nullptr ? endpoint_->bound_address() : "";
@@ -290,6 +306,7 @@ class Observability {
   std::unique_ptr<SiteMetrics> metrics_;
   std::unique_ptr<MetricsHttpEndpoint> endpoint_;
   std::unique_ptr<StatusWatcher> watcher_;
+  std::unique_ptr<MeteredTransport> metered_;
   std::string job_;  // Used by the watcher's thread only.
 };
 
@@ -355,8 +372,9 @@ int Run(int argc, char** argv) {
   GrpcPeerTransport transport(&channels, runner.get());
   DriverOptions options;
   options.site = config->name();
-  SiteDriver controller(options, &transport, learners->learner.get(), &store,
-                        runner.get());
+  SiteDriver controller(options,
+                        observability.Meter(&transport, config->name()),
+                        learners->learner.get(), &store, runner.get());
   if (learners->external != nullptr) {
     ConnectTrainerToJob(learners->external, &controller);
   }

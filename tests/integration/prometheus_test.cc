@@ -245,6 +245,12 @@ TEST(PrometheusTest, CountersAddUpAcrossSites) {
       {"count(process_resident_memory_bytes > 0)", kSites},
       {"count(process_cpu_seconds_total > 0)", kSites},
       {"count(count by (site) (swarm_round))", kSites},
+      // Results that crossed the network: all but the aggregator's own
+      // (which goes through the site's loopback, not a transport).
+      {"sum(swarm_peer_calls_total{kind=\"submit_result\",outcome=\"ok\"})",
+       trained - kRounds},
+      {"sum(swarm_peer_calls_total{outcome=\"error\"}) or vector(0)", 0},
+      {"count(sum by (site) (swarm_peer_model_bytes_sent_total) > 0)", kSites},
   };
   for (const Expect& expect : expects) {
     EXPECT_TRUE(prometheus.WaitFor(expect.expr, expect.want, deadline).ok())
