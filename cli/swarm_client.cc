@@ -1,6 +1,7 @@
 // swarm-client: the site daemon.
 //
 //   swarm-client --config site.json [--threads 8] [--insecure]
+//                [--log-format text|json]
 //
 // Serves with the site's certificate (site.json "tls_dir", made by swarmctl
 // provision) and requires every caller to present a certificate of the same
@@ -10,6 +11,12 @@
 // swarmctl configures, and logs one line per meaningful event on stderr.
 // SIGTERM or SIGINT shut it down cleanly. With listen port 0 it picks a free
 // port and prints it ("listening on 127.0.0.1:PORT").
+//
+// With the site config's metrics_listen set it also serves the site's
+// Prometheus metrics (cli/site_metrics.h) over plain HTTP at /metrics and
+// prints the address it got on a second line ("metrics listening on
+// 127.0.0.1:PORT"); an address in use refuses the start, naming the field.
+// --log-format json logs one JSON object per line (common/logging.h).
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -24,12 +31,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cli/metered_transport.h"
+#include "cli/site_metrics.h"
 #include "common/logging.h"
 #include "config/site_config.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
 #include "controller/task_runner.h"
 #include "learner/learner_factory.h"
+#include "metrics/http_endpoint.h"
+#include "metrics/metrics.h"
 #include "persist/workspace.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/peer_client.h"
@@ -43,16 +54,19 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: swarm-client --config site.json [--threads N] [--insecure]\n"
+    "                    [--log-format text|json]\n"
     "  site.json: {\"name\": \"site-a\", \"listen_address\": "
     "\"0.0.0.0:7001\",\n"
     "              \"workspace\": \"/var/lib/swarm\", \"tls_dir\": "
     "\"/etc/swarm/site-a\",\n"
-    "              \"learner\": {\"kind\": \"mlp\", \"params\": {...}}}\n";
+    "              \"learner\": {\"kind\": \"mlp\", \"params\": {...}},\n"
+    "              \"metrics_listen\": \"127.0.0.1:9464\"}  (optional)\n";
 
 struct Flags {
   std::string config_path;
   int threads = 8;
   bool insecure = false;
+  LogFormat log_format = LogFormat::kText;
 };
 
 // Parses the command line. Returns the exit code when the program should end
@@ -64,6 +78,14 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* flags) {
       flags->insecure = true;
     } else if (arg == "--config" && i + 1 < argc) {
       flags->config_path = argv[++i];
+    } else if (arg == "--log-format" && i + 1 < argc) {
+      absl::StatusOr<LogFormat> format = ParseLogFormat(arg, argv[++i]);
+      if (!format.ok()) {
+        std::fprintf(stderr, "swarm-client: %s\n",
+                     std::string(format.status().message()).c_str());
+        return 2;
+      }
+      flags->log_format = *format;
     } else if (arg == "--threads" && i + 1 < argc) {
       if (!absl::SimpleAtoi(argv[++i], &flags->threads) || flags->threads < 2) {
         std::fprintf(stderr,
@@ -199,18 +221,101 @@ std::unique_ptr<grpc::Server> StartServer(
   }
   const std::string host =
       config.listen_address().substr(0, config.listen_address().rfind(':'));
-  SWARM_LOG_INFO("site %s listening on %s:%d (workspace %s)", config.name(),
-                 host, port, config.workspace());
+  LogEvent(LogSeverity::kInfo, "listening",
+           absl::StrFormat("site %s listening on %s:%d (workspace %s)",
+                           config.name(), host, port, config.workspace()),
+           {{"address", absl::StrCat(host, ":", port)},
+            {"workspace", config.workspace()}});
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
   return server;
 }
+
+// The site's metrics (when metrics_listen is set) and the job name on log
+// lines (JSON format), both fed by one status watcher.
+class Observability {
+ public:
+  Observability() = default;
+  Observability(const Observability&) = delete;
+  Observability& operator=(const Observability&) = delete;
+  ~Observability() { Stop(); }
+
+  // Registers the metrics and binds the endpoint (not serving the site's
+  // metrics until Watch). Errors name the field metrics_listen.
+  // REQUIRES: called once, before Watch.
+  absl::Status Listen(const v1::SiteConfig& config) {
+    if (config.metrics_listen().empty()) return absl::OkStatus();
+    if (absl::Status process = RegisterProcessMetrics(&registry_);
+        !process.ok()) {
+      return process;
+    }
+    absl::StatusOr<std::unique_ptr<SiteMetrics>> metrics =
+        SiteMetrics::Create(&registry_, config.name());
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = std::move(*metrics);
+    endpoint_ = std::make_unique<MetricsHttpEndpoint>(&registry_);
+    return endpoint_->Start(config.metrics_listen());
+  }
+
+  // `inner` with its outgoing calls counted per peer when metrics are on,
+  // else `inner` itself. REQUIRES: after Listen; `inner` outlives every use
+  // of the result.
+  PeerTransport* Meter(PeerTransport* inner, const std::string& site) {
+    if (metrics_ == nullptr) return inner;
+    absl::StatusOr<std::unique_ptr<MeteredTransport>> metered =
+        MeteredTransport::Create(inner, &registry_, site);
+    if (!metered.ok()) {
+      SWARM_LOG_WARNING("per-peer metrics off: %s", metered.status().message());
+      return inner;
+    }
+    metered_ = std::move(*metered);
+    return metered_.get();
+  }
+
+  // "" when metrics are off.
+  std::string address() const {
+    return endpoint_ != nullptr ? endpoint_->bound_address() : "";
+  }
+
+  // Starts the watcher when something needs it. REQUIRES: `controller`
+  // outlives Stop().
+  void Watch(SiteDriver* controller, bool json_logs) {
+    if (metrics_ == nullptr && !json_logs) return;
+    watcher_ = std::make_unique<StatusWatcher>(
+        [controller](uint64_t version, absl::Time deadline) {
+          return controller->WaitForStatusChange(version, deadline);
+        },
+        [this](const v1::StatusReply& reply, absl::Time now) {
+          if (reply.status().job_id() != job_) {
+            job_ = reply.status().job_id();
+            SetLogJob(job_);
+          }
+          if (metrics_ != nullptr) metrics_->Observe(reply, now);
+        });
+    watcher_->Start();
+  }
+
+  // Stops the watcher and the endpoint (a scrape in progress finishes).
+  void Stop() {
+    if (watcher_ != nullptr) watcher_->Stop();
+    if (endpoint_ != nullptr) endpoint_->Stop();
+  }
+
+ private:
+  MetricsRegistry registry_;
+  std::unique_ptr<SiteMetrics> metrics_;
+  std::unique_ptr<MetricsHttpEndpoint> endpoint_;
+  std::unique_ptr<StatusWatcher> watcher_;
+  std::unique_ptr<MeteredTransport> metered_;
+  std::string job_;  // Used by the watcher's thread only.
+};
 
 int Run(int argc, char** argv) {
   Flags flags;
   if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags)) {
     return *exit_code;
   }
+  SetLogFormat(flags.log_format);
   absl::StatusOr<v1::SiteConfig> config = LoadSiteConfig(flags.config_path);
   if (!config.ok()) {
     std::fprintf(stderr, "swarm-client: %s\n",
@@ -241,6 +346,15 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Before the learner and the gRPC server: a metrics address in use
+  // refuses the start before anything else runs.
+  Observability observability;
+  if (absl::Status listening = observability.Listen(*config); !listening.ok()) {
+    SWARM_LOG_ERROR("site config %s: %s", flags.config_path,
+                    listening.message());
+    return listening.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+
   absl::StatusOr<SiteLearners> learners = CreateLearner(*config);
   if (!learners.ok()) {
     SWARM_LOG_ERROR("learner: %s", learners.status().message());
@@ -258,8 +372,9 @@ int Run(int argc, char** argv) {
   GrpcPeerTransport transport(&channels, runner.get());
   DriverOptions options;
   options.site = config->name();
-  SiteDriver controller(options, &transport, learners->learner.get(), &store,
-                        runner.get());
+  SiteDriver controller(options,
+                        observability.Meter(&transport, config->name()),
+                        learners->learner.get(), &store, runner.get());
   if (learners->external != nullptr) {
     ConnectTrainerToJob(learners->external, &controller);
   }
@@ -267,6 +382,15 @@ int Run(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server =
       StartServer(*config, credentials->server, &service);
   if (server == nullptr) return 1;
+  observability.Watch(&controller, flags.log_format == LogFormat::kJson);
+  if (!observability.address().empty()) {
+    LogEvent(LogSeverity::kInfo, "metrics_listening",
+             absl::StrCat("metrics listening on http://",
+                          observability.address(), "/metrics"),
+             {{"address", observability.address()}});
+    std::printf("metrics listening on %s\n", observability.address().c_str());
+    std::fflush(stdout);
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
@@ -274,7 +398,8 @@ int Run(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   // Stops the trainer and ends a worker's wait for it, so the join is prompt.
   if (learners->external != nullptr) learners->external->Shutdown();
-  runner.reset();  // Joins the workers before the controller goes away.
+  observability.Stop();  // Before the controller it watches goes away.
+  runner.reset();        // Joins the workers before the controller goes away.
   SWARM_LOG_INFO("stopped");
   return 0;
 }

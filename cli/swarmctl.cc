@@ -13,12 +13,14 @@
 // Every command but provision talks mTLS with an admin identity:
 // --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
 // SWARM_TLS_DIR environment variable; --insecure talks plaintext instead.
+// --log-format json writes the diagnostics on stderr as JSON lines.
 //
 // Exit codes: 0 success; 1 a site failed or refused (the message names it);
 // 2 bad usage or an invalid job config (nothing was sent to any site).
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -29,8 +31,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cli/k8s_manifests.h"
+#include "common/logging.h"
 #include "config/job_config.h"
 #include "config/site_config.h"
 #include "config/validation.h"
@@ -44,6 +48,30 @@
 
 namespace swarm {
 namespace {
+
+LogFormat& DiagnosticFormat() {
+  static LogFormat format = LogFormat::kText;
+  return format;
+}
+
+// A diagnostic on stderr: as written ("swarmctl: ...\n") in text format, one
+// JSON line (common/logging.h) with --log-format json.
+__attribute__((format(printf, 1, 2))) void Complain(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  char buffer[4096];
+  std::vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  if (DiagnosticFormat() == LogFormat::kText) {
+    std::fputs(buffer, stderr);
+    return;
+  }
+  absl::string_view message = absl::StripSuffix(buffer, "\n");
+  message = absl::StripPrefix(message, "swarmctl: ");
+  const bool warning = absl::ConsumePrefix(&message, "warning: ");
+  LogEvent(warning ? LogSeverity::kWarning : LogSeverity::kError,
+           warning ? "warning" : "error", message, {{"program", "swarmctl"}});
+}
 
 constexpr char kUsage[] =
     "usage:\n"
@@ -61,7 +89,8 @@ constexpr char kUsage[] =
     "      [--namespace NS] [--learner KIND] [--admin NAME] [--storage 1Gi]\n"
     "      [--cpu-request 250m] [--cpu-limit 2] [--memory-request 256Mi]\n"
     "      [--memory-limit 2Gi] [--wait-healthy 300]\n"
-    "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n";
+    "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n"
+    "        --log-format text|json (diagnostics on stderr; default text)\n";
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
@@ -180,8 +209,7 @@ absl::Status CheckHealth(const std::string& address,
 int Start(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(job.status().message()).c_str());
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
   // --wait-healthy SECONDS: first wait (at most that long in all) until every
@@ -190,8 +218,7 @@ int Start(const Args& args) {
     int seconds = 0;
     if (!absl::SimpleAtoi(args.values.at("wait-healthy"), &seconds) ||
         seconds < 0) {
-      std::fprintf(stderr,
-                   "swarmctl: --wait-healthy must be a number of seconds\n");
+      Complain("swarmctl: --wait-healthy must be a number of seconds\n");
       return 2;
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
@@ -200,9 +227,9 @@ int Start(const Args& args) {
         absl::Status health = CheckHealth(site.address(), "", absl::Seconds(2));
         if (health.ok()) break;
         if (absl::Now() >= deadline) {
-          std::fprintf(stderr, "swarmctl: %s not healthy after %ds: %s\n",
-                       SiteLabel(site).c_str(), seconds,
-                       std::string(health.message()).c_str());
+          Complain("swarmctl: %s not healthy after %ds: %s\n",
+                   SiteLabel(site).c_str(), seconds,
+                   std::string(health.message()).c_str());
           return 1;
         }
         absl::SleepFor(absl::Seconds(1));  // polling a starting site
@@ -220,15 +247,14 @@ int Start(const Args& args) {
     grpc::Status status =
         StubFor(site.address())->Configure(&context, request, &reply);
     if (!status.ok()) {
-      std::fprintf(stderr, "swarmctl: %s: configure failed: %s\n",
-                   SiteLabel(site).c_str(), status.error_message().c_str());
+      Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
+               status.error_message().c_str());
       return 1;
     }
     if (reply.outcome() != v1::OUTCOME_OK) {
-      std::fprintf(stderr, "swarmctl: %s refused the job (%s): %s\n",
-                   SiteLabel(site).c_str(),
-                   v1::Outcome_Name(reply.outcome()).c_str(),
-                   reply.message().c_str());
+      Complain(
+          "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
+          v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
       return 1;
     }
     std::printf("configured %s\n", SiteLabel(site).c_str());
@@ -243,9 +269,8 @@ int Start(const Args& args) {
   grpc::Status status =
       StubFor(starter->address())->Start(&context, request, &reply);
   if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
-    std::fprintf(
-        stderr, "swarmctl: %s did not start the job: %s\n",
-        SiteLabel(*starter).c_str(),
+    Complain(
+        "swarmctl: %s did not start the job: %s\n", SiteLabel(*starter).c_str(),
         status.ok() ? reply.message().c_str() : status.error_message().c_str());
     return 1;
   }
@@ -325,14 +350,13 @@ StatusTable PollStatus(
 int Status(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(job.status().message()).c_str());
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
   int interval_ms = 500;
   if (args.values.count("interval-ms") > 0 &&
       !absl::SimpleAtoi(args.values.at("interval-ms"), &interval_ms)) {
-    std::fprintf(stderr, "swarmctl: --interval-ms must be an integer\n");
+    Complain("swarmctl: --interval-ms must be an integer\n");
     return 2;
   }
   std::map<std::string, std::unique_ptr<v1::Peer::Stub>> stubs;
@@ -366,8 +390,7 @@ int Status(const Args& args) {
 int Abort(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(job.status().message()).c_str());
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
   int failures = 0;
@@ -383,10 +406,9 @@ int Abort(const Args& args) {
     grpc::Status status =
         StubFor(site.address())->Abort(&context, request, &reply);
     if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
-      std::fprintf(stderr, "swarmctl: %s: abort failed: %s\n",
-                   SiteLabel(site).c_str(),
-                   status.ok() ? reply.message().c_str()
-                               : status.error_message().c_str());
+      Complain("swarmctl: %s: abort failed: %s\n", SiteLabel(site).c_str(),
+               status.ok() ? reply.message().c_str()
+                           : status.error_message().c_str());
       ++failures;
       continue;
     }
@@ -398,15 +420,14 @@ int Abort(const Args& args) {
 int Fetch(const Args& args) {
   for (const char* required : {"site", "which", "out"}) {
     if (args.values.count(required) == 0) {
-      std::fprintf(stderr, "swarmctl: fetch needs --%s\n%s", required, kUsage);
+      Complain("swarmctl: fetch needs --%s\n%s", required, kUsage);
       return 2;
     }
   }
   const std::string address = args.values.at("site");
   const std::string which = args.values.at("which");
   if (which != "best" && which != "last") {
-    std::fprintf(stderr, "swarmctl: --which must be best or last, not %s\n",
-                 which.c_str());
+    Complain("swarmctl: --which must be best or last, not %s\n", which.c_str());
     return 2;
   }
   std::unique_ptr<v1::Peer::Stub> stub = StubFor(address);
@@ -420,8 +441,8 @@ int Fetch(const Args& args) {
     v1::StatusReply reply;
     grpc::Status status = stub->Status(&context, request, &reply);
     if (!status.ok()) {
-      std::fprintf(stderr, "swarmctl: site %s: %s\n", address.c_str(),
-                   status.error_message().c_str());
+      Complain("swarmctl: site %s: %s\n", address.c_str(),
+               status.error_message().c_str());
       return 1;
     }
     job_id = reply.status().job_id();
@@ -442,9 +463,8 @@ int Fetch(const Args& args) {
   absl::StatusOr<Model> model =
       FetchModelFromPeer(channel.get(), &context, request, &assembler);
   if (!model.ok()) {
-    std::fprintf(stderr, "swarmctl: fetching %s from site %s: %s\n",
-                 which.c_str(), address.c_str(),
-                 std::string(model.status().message()).c_str());
+    Complain("swarmctl: fetching %s from site %s: %s\n", which.c_str(),
+             address.c_str(), std::string(model.status().message()).c_str());
     return 1;
   }
   std::printf("wrote %s (%zu tensors, %llu bytes) from site %s\n",
@@ -456,13 +476,12 @@ int Fetch(const Args& args) {
 
 int Provision(const Args& args) {
   if (args.values.count("out") == 0) {
-    std::fprintf(stderr, "swarmctl: provision needs --out DIR\n%s", kUsage);
+    Complain("swarmctl: provision needs --out DIR\n%s", kUsage);
     return 2;
   }
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(job.status().message()).c_str());
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
   security::ProvisionOptions options;
@@ -473,8 +492,8 @@ int Provision(const Args& args) {
   absl::StatusOr<security::ProvisionReport> report =
       security::Provision(*job, out, options);
   if (!report.ok()) {
-    std::fprintf(stderr, "swarmctl: provision: %s\n",
-                 std::string(report.status().message()).c_str());
+    Complain("swarmctl: provision: %s\n",
+             std::string(report.status().message()).c_str());
     return report.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   std::printf("%s CA in %s/ca (keep ca.key there)\n",
@@ -496,17 +515,17 @@ int Provision(const Args& args) {
 //     own identity (tls_dir) and expects the first name of its certificate.
 int Health(const Args& args) {
   if (args.values.count("site") == args.values.count("config")) {
-    std::fprintf(stderr,
-                 "swarmctl: health needs one of --site HOST:PORT or --config "
-                 "site.json\n%s",
-                 kUsage);
+    Complain(
+        "swarmctl: health needs one of --site HOST:PORT or --config "
+        "site.json\n%s",
+        kUsage);
     return 2;
   }
   int timeout_ms = 3000;
   if (args.values.count("timeout-ms") > 0 &&
       (!absl::SimpleAtoi(args.values.at("timeout-ms"), &timeout_ms) ||
        timeout_ms <= 0)) {
-    std::fprintf(stderr, "swarmctl: --timeout-ms must be a positive integer\n");
+    Complain("swarmctl: --timeout-ms must be a positive integer\n");
     return 2;
   }
   std::string address;
@@ -519,14 +538,14 @@ int Health(const Args& args) {
     absl::StatusOr<v1::SiteConfig> config =
         LoadSiteConfig(args.values.at("config"));
     if (!config.ok()) {
-      std::fprintf(stderr, "swarmctl: %s\n",
-                   std::string(config.status().message()).c_str());
+      Complain("swarmctl: %s\n",
+               std::string(config.status().message()).c_str());
       return 2;
     }
     absl::StatusOr<HostPort> listen = ParseHostPort(config->listen_address());
     if (!listen.ok()) {
-      std::fprintf(stderr, "swarmctl: %s\n",
-                   std::string(listen.status().message()).c_str());
+      Complain("swarmctl: %s\n",
+               std::string(listen.status().message()).c_str());
       return 2;
     }
     const bool wildcard = listen->host == "0.0.0.0" || listen->host == "::";
@@ -541,8 +560,8 @@ int Health(const Args& args) {
       absl::StatusOr<security::TlsIdentity> identity =
           security::LoadTlsIdentity(config->tls_dir());
       if (!identity.ok()) {
-        std::fprintf(stderr, "swarmctl: %s\n",
-                     std::string(identity.status().message()).c_str());
+        Complain("swarmctl: %s\n",
+                 std::string(identity.status().message()).c_str());
         return 1;
       }
       Credentials() = security::ClientCredentials(*identity);
@@ -556,8 +575,7 @@ int Health(const Args& args) {
   if (absl::Status health =
           CheckHealth(address, server_name, absl::Milliseconds(timeout_ms));
       !health.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(health.message()).c_str());
+    Complain("swarmctl: %s\n", std::string(health.message()).c_str());
     return 1;
   }
   std::printf("site %s: SERVING\n", address.c_str());
@@ -568,20 +586,18 @@ int Health(const Args& args) {
 // issuing the certificates into --pki.
 int DeployK8s(const Args& args) {
   if (args.subcommand != "k8s") {
-    std::fprintf(stderr, "swarmctl: deploy supports only k8s\n%s", kUsage);
+    Complain("swarmctl: deploy supports only k8s\n%s", kUsage);
     return 2;
   }
   for (const char* required : {"pki", "out"}) {
     if (args.values.count(required) == 0) {
-      std::fprintf(stderr, "swarmctl: deploy k8s needs --%s\n%s", required,
-                   kUsage);
+      Complain("swarmctl: deploy k8s needs --%s\n%s", required, kUsage);
       return 2;
     }
   }
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(job.status().message()).c_str());
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
   K8sOptions options;
@@ -601,22 +617,22 @@ int DeployK8s(const Args& args) {
   if (args.values.count("wait-healthy") > 0 &&
       !absl::SimpleAtoi(args.values.at("wait-healthy"),
                         &options.wait_healthy_seconds)) {
-    std::fprintf(stderr, "swarmctl: --wait-healthy must be a number\n");
+    Complain("swarmctl: --wait-healthy must be a number\n");
     return 2;
   }
   absl::StatusOr<std::map<std::string, std::string>> files =
       GenerateK8sManifests(*job, args.values.at("pki"), options);
   if (!files.ok()) {
-    std::fprintf(stderr, "swarmctl: deploy k8s: %s\n",
-                 std::string(files.status().message()).c_str());
+    Complain("swarmctl: deploy k8s: %s\n",
+             std::string(files.status().message()).c_str());
     return files.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   const std::string out = args.values.at("out");
   std::error_code error;
   std::filesystem::create_directories(out, error);
   if (error) {
-    std::fprintf(stderr, "swarmctl: cannot create %s: %s\n", out.c_str(),
-                 error.message().c_str());
+    Complain("swarmctl: cannot create %s: %s\n", out.c_str(),
+             error.message().c_str());
     return 1;
   }
   for (const auto& [name, contents] : *files) {
@@ -624,8 +640,7 @@ int DeployK8s(const Args& args) {
     absl::Status written =
         security::WriteSecretFile(absl::StrCat(out, "/", name), contents);
     if (!written.ok()) {
-      std::fprintf(stderr, "swarmctl: %s\n",
-                   std::string(written.message()).c_str());
+      Complain("swarmctl: %s\n", std::string(written.message()).c_str());
       return 1;
     }
     std::printf("wrote %s/%s\n", out.c_str(), name.c_str());
@@ -638,9 +653,7 @@ int DeployK8s(const Args& args) {
 // Sets Credentials() from --insecure, --tls-dir or $SWARM_TLS_DIR.
 int ChooseCredentials(const Args& args) {
   if (args.insecure) {
-    std::fprintf(
-        stderr,
-        "swarmctl: warning: --insecure: talking to sites WITHOUT TLS\n");
+    Complain("swarmctl: warning: --insecure: talking to sites WITHOUT TLS\n");
     Credentials() = grpc::InsecureChannelCredentials();
     return 0;
   }
@@ -650,17 +663,17 @@ int ChooseCredentials(const Args& args) {
     dir = std::getenv("SWARM_TLS_DIR");
   }
   if (dir.empty()) {
-    std::fprintf(stderr,
-                 "swarmctl: give an admin identity with --tls-dir DIR (made by "
-                 "swarmctl provision --admin NAME) or SWARM_TLS_DIR, or use "
-                 "--insecure\n");
+    Complain(
+        "swarmctl: give an admin identity with --tls-dir DIR (made by "
+        "swarmctl provision --admin NAME) or SWARM_TLS_DIR, or use "
+        "--insecure\n");
     return 2;
   }
   absl::StatusOr<security::TlsIdentity> identity =
       security::LoadTlsIdentity(dir);
   if (!identity.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n",
-                 std::string(identity.status().message()).c_str());
+    Complain("swarmctl: %s\n",
+             std::string(identity.status().message()).c_str());
     return 2;
   }
   Credentials() = security::ClientCredentials(*identity);
@@ -670,9 +683,20 @@ int ChooseCredentials(const Args& args) {
 
 int Run(int argc, char** argv) {
   absl::StatusOr<Args> args = ParseArgs(argc, argv);
+  if (args.ok() && args->values.count("log-format") > 0) {
+    absl::StatusOr<LogFormat> format =
+        ParseLogFormat("--log-format", args->values.at("log-format"));
+    if (!format.ok()) {
+      Complain("swarmctl: %s\n",
+               std::string(format.status().message()).c_str());
+      return 2;
+    }
+    DiagnosticFormat() = *format;
+    SetLogFormat(*format);
+  }
   if (!args.ok()) {
-    std::fprintf(stderr, "swarmctl: %s\n%s",
-                 std::string(args.status().message()).c_str(), kUsage);
+    Complain("swarmctl: %s\n%s", std::string(args.status().message()).c_str(),
+             kUsage);
     return 2;
   }
   if (args->command == "provision") return Provision(*args);
@@ -690,8 +714,7 @@ int Run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  std::fprintf(stderr, "swarmctl: unknown command %s\n%s",
-               args->command.c_str(), kUsage);
+  Complain("swarmctl: unknown command %s\n%s", args->command.c_str(), kUsage);
   return 2;
 }
 

@@ -90,6 +90,16 @@ absl::Status ValidateSiteConfig(const v1::SiteConfig& config) {
   add(ValidateHostPort(
       "listen_address",
       any_port ? listen.substr(0, listen.size() - 1) + "1" : listen));
+  // Optional: empty means no metrics endpoint. Port 0 picks a free port.
+  const std::string& metrics = config.metrics_listen();
+  if (!metrics.empty()) {
+    const bool any_metrics_port =
+        metrics.size() > 2 && metrics.substr(metrics.size() - 2) == ":0";
+    add(ValidateHostPort("metrics_listen",
+                         any_metrics_port
+                             ? metrics.substr(0, metrics.size() - 1) + "1"
+                             : metrics));
+  }
   if (config.workspace().empty()) errors.push_back("workspace: empty");
   if (config.learner().kind().empty()) {
     errors.push_back("learner.kind: empty (e.g. \"mlp\" or \"test\")");

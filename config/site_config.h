@@ -22,7 +22,8 @@ absl::StatusOr<v1::SiteConfig> ParseSiteConfigJson(absl::string_view json);
 // Checks every rule and reports all violations in one InvalidArgument
 // ("invalid site config: <field>: <rule>; ..."): name is a name (1..64 of
 // [A-Za-z0-9._-], not "." / ".."); listen_address is host:port (port
-// 1..65535, IPv6 as [::]:port); workspace non-empty; learner.kind non-empty;
+// 1..65535, IPv6 as [::]:port); metrics_listen empty or host:port like
+// listen_address (port 0 allowed for both); workspace non-empty; learner.kind non-empty;
 // learner.params keys non-empty; with learner.kind "external": trainer.mode
 // "launch" (with a command) or "attach" (without command, working_dir or
 // env), a socket path that fits a Unix socket address; trainer set only with

@@ -108,6 +108,28 @@ TEST(SiteConfigTest, BadListenAddress) {
   EXPECT_THAT(ErrorOf(config), HasSubstr("listen_address: empty"));
 }
 
+TEST(SiteConfigTest, MetricsListenIsOptionalAndChecked) {
+  v1::SiteConfig config = Base();
+  EXPECT_TRUE(ValidateSiteConfig(config).ok());  // Off by default.
+  for (const char* good :
+       {"127.0.0.1:9464", "0.0.0.0:0", "[::1]:9464", "metrics.internal:9464"}) {
+    config.set_metrics_listen(good);
+    EXPECT_TRUE(ValidateSiteConfig(config).ok()) << good;
+  }
+  config.set_metrics_listen("9464");
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("metrics_listen: \"9464\" is not host:port (missing "
+                        "\":port\")"));
+  config.set_metrics_listen("127.0.0.1:99999");
+  EXPECT_THAT(ErrorOf(config), HasSubstr("metrics_listen: "));
+
+  absl::StatusOr<v1::SiteConfig> parsed = ParseSiteConfigJson(
+      R"({"name": "a", "listen_address": "h:1", "workspace": "w",
+          "learner": {"kind": "test"}, "metrics_listen": "127.0.0.1:9464"})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->metrics_listen(), "127.0.0.1:9464");
+}
+
 TEST(SiteConfigTest, MissingWorkspaceAndLearner) {
   v1::SiteConfig config = Base();
   config.clear_workspace();

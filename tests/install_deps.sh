@@ -11,6 +11,10 @@ SWARM_PACKAGES=(
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy dataset-fashion-mnist
   python3-grpcio python3-protobuf
+  libmicrohttpd-dev
+  # The metrics integration test runs a real Prometheus server (its own port
+  # and storage in a temporary folder; the packaged service is not used).
+  prometheus
 )
 # Only for the PyTorch example (deploy/local/demo.sh --trainer pytorch); the
 # tests do not need it.

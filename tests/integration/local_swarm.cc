@@ -149,6 +149,19 @@ absl::Status LocalSwarm::StartSite(
   return StartSiteWithConfig(name, std::move(config));
 }
 
+absl::Status LocalSwarm::StartSiteWithMetrics(
+    const std::string& name,
+    const std::map<std::string, std::string>& learner_params,
+    const std::vector<std::string>& extra_args) {
+  v1::SiteConfig config;
+  config.mutable_learner()->set_kind("test");
+  config.set_metrics_listen("127.0.0.1:0");
+  for (const auto& [key, value] : learner_params) {
+    (*config.mutable_learner()->mutable_params())[key] = value;
+  }
+  return StartSiteWithConfig(name, std::move(config), extra_args);
+}
+
 absl::Status LocalSwarm::StartExternalSite(
     const std::string& name, const v1::TrainerConfig& trainer,
     const std::map<std::string, std::string>& learner_params) {
@@ -165,8 +178,9 @@ std::string LocalSwarm::Workspace(const std::string& name) const {
   return absl::StrCat(dir_, "/ws-", name);
 }
 
-absl::Status LocalSwarm::StartSiteWithConfig(const std::string& name,
-                                             v1::SiteConfig config) {
+absl::Status LocalSwarm::StartSiteWithConfig(
+    const std::string& name, v1::SiteConfig config,
+    const std::vector<std::string>& extra_args) {
   if (sites_.count(name) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("site ", name, " started"));
   }
@@ -185,6 +199,7 @@ absl::Status LocalSwarm::StartSiteWithConfig(const std::string& name,
   site.config_path = WriteFile(absl::StrCat(name, ".json"), ToJson(config));
   argv.push_back(site.config_path);
   if (transport_ == Transport::kInsecure) argv.push_back("--insecure");
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   absl::StatusOr<std::unique_ptr<Process>> process =
       Process::Start(argv, "", site.log_path);
   if (!process.ok()) return process.status();
@@ -204,6 +219,18 @@ absl::Status LocalSwarm::StartSiteWithConfig(const std::string& name,
                      "\", not \"listening on HOST:PORT\""));
   }
   site.address = std::string(address);
+  if (!config.metrics_listen().empty()) {
+    absl::StatusOr<std::string> metrics =
+        site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
+    absl::string_view metrics_address =
+        metrics.ok() ? absl::string_view(*metrics) : "";
+    if (!absl::ConsumePrefix(&metrics_address, "metrics listening on ")) {
+      return absl::InternalError(absl::StrCat(
+          "site ", name, " printed no \"metrics listening on HOST:PORT\": ",
+          metrics.ok() ? *metrics : metrics.status().ToString()));
+    }
+    site.metrics_address = std::string(metrics_address);
+  }
   names_.push_back(name);
   sites_.emplace(name, std::move(site));
   return absl::OkStatus();

@@ -39,6 +39,8 @@ int TimeScale();
 struct SiteProcess {
   std::string name;
   std::string address;  // 127.0.0.1:PORT, as the daemon printed it.
+  // 127.0.0.1:PORT of the metrics endpoint (StartSiteWithMetrics), or "".
+  std::string metrics_address;
   std::string workspace;
   std::string config_path;
   std::string log_path;
@@ -67,6 +69,12 @@ class LocalSwarm {
       const std::string& name,
       const std::map<std::string, std::string>& learner_params,
       uint32_t max_calls_per_peer = 0);
+  // StartSite with metrics_listen "127.0.0.1:0" (and `extra_args` on the
+  // daemon's command line); also waits for the "metrics listening on" line.
+  absl::Status StartSiteWithMetrics(
+      const std::string& name,
+      const std::map<std::string, std::string>& learner_params,
+      const std::vector<std::string>& extra_args = {});
   // The same with learner.kind "external" and `trainer` as the site
   // config's trainer block (an external trainer over the trainer link).
   absl::Status StartExternalSite(
@@ -126,8 +134,9 @@ class LocalSwarm {
   std::string Logs(int lines = 40);
 
  private:
-  absl::Status StartSiteWithConfig(const std::string& name,
-                                   v1::SiteConfig config);
+  absl::Status StartSiteWithConfig(
+      const std::string& name, v1::SiteConfig config,
+      const std::vector<std::string>& extra_args = {});
 
   std::string dir_;
   security::KeyAndCert ca_;

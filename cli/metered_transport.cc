@@ -1,0 +1,119 @@
+#include "cli/metered_transport.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+
+namespace swarm {
+namespace {
+
+const char* KindLabel(CallKind kind) {
+  switch (kind) {
+    case CallKind::kLearnTask:
+      return "learn_task";
+    case CallKind::kRequestToSubmit:
+      return "request_to_submit";
+    case CallKind::kSubmitResult:
+      return "submit_result";
+    case CallKind::kShareBest:
+      return "share_best";
+    case CallKind::kFinalResult:
+      return "final_result";
+  }
+  return "unknown";
+}
+
+const char* OutcomeLabel(v1::Outcome outcome) {
+  switch (outcome) {
+    case v1::OUTCOME_OK:
+      return "ok";
+    case v1::OUTCOME_RETRY:
+      return "retry";
+    case v1::OUTCOME_REJECTED:
+      return "rejected";
+    case v1::OUTCOME_BAD_REQUEST:
+      return "bad_request";
+    case v1::OUTCOME_ABORTED:
+      return "aborted";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MeteredTransport>> MeteredTransport::Create(
+    PeerTransport* inner, MetricsRegistry* registry, std::string site) {
+  absl::StatusOr<CounterFamily*> calls = registry->AddCounter(
+      "swarm_peer_calls_total",
+      "Calls this site made to a peer that ended, by kind and outcome (error: "
+      "transport or authentication failure).",
+      {"site", "peer", "kind", "outcome"});
+  if (!calls.ok()) return calls.status();
+  absl::StatusOr<HistogramFamily*> seconds = registry->AddHistogram(
+      "swarm_peer_call_seconds",
+      "Duration of this site's calls to a peer (a model stream: the whole "
+      "upload).",
+      {"site", "peer", "kind"},
+      {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800});
+  if (!seconds.ok()) return seconds.status();
+  absl::StatusOr<CounterFamily*> models = registry->AddCounter(
+      "swarm_peer_models_sent_total",
+      "Models this site delivered to a peer (learn tasks, results, final "
+      "models).",
+      {"site", "peer"});
+  if (!models.ok()) return models.status();
+  absl::StatusOr<CounterFamily*> bytes = registry->AddCounter(
+      "swarm_peer_model_bytes_sent_total",
+      "Tensor bytes of the models this site delivered to a peer.",
+      {"site", "peer"});
+  if (!bytes.ok()) return bytes.status();
+  return std::unique_ptr<MeteredTransport>(new MeteredTransport(
+      inner, std::move(site), *calls, *seconds, *models, *bytes));
+}
+
+MeteredTransport::MeteredTransport(PeerTransport* inner, std::string site,
+                                   CounterFamily* calls,
+                                   HistogramFamily* seconds,
+                                   CounterFamily* models, CounterFamily* bytes)
+    : inner_(inner),
+      site_(std::move(site)),
+      calls_(calls),
+      seconds_(seconds),
+      models_(models),
+      bytes_(bytes) {}
+
+void MeteredTransport::PrepareForJob(const v1::JobConfig& job) {
+  inner_->PrepareForJob(job);
+}
+
+void MeteredTransport::Send(const v1::SiteInfo& to, PeerMessage message,
+                            Done done) {
+  const CallKind kind = message.kind;
+  const bool stream = message.is_model_stream() && message.model != nullptr;
+  const uint64_t model_bytes = stream ? message.model->total_bytes() : 0;
+  const absl::Time started = absl::Now();
+  inner_->Send(
+      to, std::move(message),
+      [this, peer = to.name(), kind, stream, model_bytes, started,
+       done = std::move(done)](absl::StatusOr<PeerReply> reply) {
+        const char* kind_label = KindLabel(kind);
+        const char* outcome =
+            reply.ok() ? OutcomeLabel(reply->outcome(kind)) : "error";
+        (*calls_->WithLabels({site_, peer, kind_label, outcome}))
+            ->Inc()
+            .IgnoreError();
+        (*seconds_->WithLabels({site_, peer, kind_label}))
+            ->Observe(absl::ToDoubleSeconds(absl::Now() - started));
+        if (stream && reply.ok() && reply->outcome(kind) == v1::OUTCOME_OK) {
+          (*models_->WithLabels({site_, peer}))->Inc().IgnoreError();
+          (*bytes_->WithLabels({site_, peer}))
+              ->Inc(static_cast<double>(model_bytes))
+              .IgnoreError();
+        }
+        done(std::move(reply));
+      });
+}
+
+}  // namespace swarm

@@ -1,0 +1,327 @@
+#include "cli/site_metrics.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace swarm {
+namespace {
+
+// Seconds: 10 ms .. 1 h, for phases of a test job and of a day-long job.
+const std::vector<double>& DurationBuckets() {
+  static const auto* buckets = new std::vector<double>{
+      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,    2.5,  5,
+      10,   30,    60,   120, 300,  600, 1800, 3600, 7200};
+  return *buckets;
+}
+
+bool IsTerminal(v1::SiteState state) {
+  return state == v1::SITE_STATE_DONE || state == v1::SITE_STATE_FAILED ||
+         state == v1::SITE_STATE_ABORTED;
+}
+
+// "training" for SITE_STATE_TRAINING.
+std::string StateLabel(v1::SiteState state) {
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(v1::SiteState_Name(state), "SITE_STATE_"));
+}
+
+template <typename T>
+T* Child(Family<T>* family, const std::vector<std::string>& labels) {
+  // The label count is fixed by the code below, so this cannot fail.
+  return *family->WithLabels(labels);
+}
+
+}  // namespace
+
+const char* PhaseName(v1::SiteState state, bool job_running) {
+  switch (state) {
+    case v1::SITE_STATE_IDLE:
+      return job_running ? "waiting_for_task" : nullptr;
+    case v1::SITE_STATE_TRAINING:
+      return "training";
+    case v1::SITE_STATE_WAITING_FOR_PERMISSION:
+      return "waiting_for_permission";
+    case v1::SITE_STATE_SUBMITTING:
+      return "submitting";
+    case v1::SITE_STATE_GATHERING:
+      return "gathering";
+    case v1::SITE_STATE_AGGREGATING:
+      return "aggregating";
+    case v1::SITE_STATE_DISTRIBUTING:
+      return "distributing";
+    default:
+      return nullptr;
+  }
+}
+
+struct SiteMetrics::Families {
+  HistogramFamily* round_seconds = nullptr;
+  HistogramFamily* phase_seconds = nullptr;
+  CounterFamily* rounds_completed = nullptr;
+  CounterFamily* rounds_trained = nullptr;
+  CounterFamily* results_accepted = nullptr;
+  CounterFamily* results_rejected = nullptr;
+  CounterFamily* permissions_granted = nullptr;
+  CounterFamily* jobs_ended = nullptr;
+  CounterFamily* status_changes = nullptr;
+  GaugeFamily* round = nullptr;
+  GaugeFamily* state = nullptr;
+  GaugeFamily* aggregator = nullptr;
+  GaugeFamily* best_metric = nullptr;
+  GaugeFamily* best_round = nullptr;
+  GaugeFamily* validation = nullptr;
+  GaugeFamily* in_flight = nullptr;
+  GaugeFamily* max_in_flight = nullptr;
+  GaugeFamily* job_info = nullptr;
+  GaugeFamily* last_error = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
+    MetricsRegistry* registry, std::string site) {
+  auto families = std::make_unique<Families>();
+  absl::Status status;
+  auto counter = [&](CounterFamily** out, const char* name, const char* help,
+                     std::vector<std::string> labels) {
+    if (!status.ok()) return;
+    absl::StatusOr<CounterFamily*> added =
+        registry->AddCounter(name, help, labels);
+    if (added.ok()) *out = *added;
+    status = added.status();
+  };
+  auto gauge = [&](GaugeFamily** out, const char* name, const char* help,
+                   std::vector<std::string> labels) {
+    if (!status.ok()) return;
+    absl::StatusOr<GaugeFamily*> added = registry->AddGauge(name, help, labels);
+    if (added.ok()) *out = *added;
+    status = added.status();
+  };
+  auto histogram = [&](HistogramFamily** out, const char* name,
+                       const char* help, std::vector<std::string> labels) {
+    if (!status.ok()) return;
+    absl::StatusOr<HistogramFamily*> added =
+        registry->AddHistogram(name, help, labels, DurationBuckets());
+    if (added.ok()) *out = *added;
+    status = added.status();
+  };
+  Families& f = *families;
+  histogram(&f.round_seconds, "swarm_round_duration_seconds",
+            "Time this site spent in a round: from the first status of the "
+            "round to the next round's (or the end of the job).",
+            {"site"});
+  histogram(&f.phase_seconds, "swarm_phase_seconds",
+            "Time this site spent in one phase of a round (a state of the "
+            "site: waiting_for_task, training, waiting_for_permission, "
+            "submitting, gathering, aggregating, distributing).",
+            {"site", "phase"});
+  counter(&f.rounds_completed, "swarm_rounds_completed_total",
+          "Rounds this site aggregated (closed and judged).", {"site"});
+  counter(&f.rounds_trained, "swarm_rounds_trained_total",
+          "Results this site's learner produced (one per round trained).",
+          {"site"});
+  counter(&f.results_accepted, "swarm_results_accepted_total",
+          "Results this site accepted as a round's aggregator.", {"site"});
+  counter(&f.results_rejected, "swarm_results_rejected_total",
+          "Results this site refused as a round's aggregator.", {"site"});
+  counter(&f.permissions_granted, "swarm_permissions_granted_total",
+          "Requests to submit this site granted as a round's aggregator.",
+          {"site"});
+  counter(&f.jobs_ended, "swarm_jobs_ended_total",
+          "Jobs that ended at this site while it ran, by outcome (done, "
+          "failed, aborted).",
+          {"site", "outcome"});
+  counter(&f.status_changes, "swarm_status_changes_total",
+          "Status changes the metrics watcher saw.", {"site"});
+  gauge(&f.round, "swarm_round", "The round this site is in (last task).",
+        {"site"});
+  gauge(&f.state, "swarm_state",
+        "1 for the site's current state, 0 for the others.", {"site", "state"});
+  gauge(&f.aggregator, "swarm_is_aggregator",
+        "1 while this site aggregates the current round.", {"site"});
+  gauge(&f.best_metric, "swarm_best_metric",
+        "Validation metric of the best global model so far.", {"site"});
+  gauge(&f.best_round, "swarm_best_metric_round",
+        "Round whose global model is the best so far.", {"site"});
+  gauge(&f.validation, "swarm_validation_metric",
+        "This site's latest validation metrics (of the global model it "
+        "last received), by metric name.",
+        {"site", "metric"});
+  gauge(&f.in_flight, "swarm_submissions_in_flight",
+        "Submissions streaming to this site now (as aggregator).", {"site"});
+  gauge(&f.max_in_flight, "swarm_submissions_in_flight_max",
+        "Most submissions ever in flight at once at this site.", {"site"});
+  gauge(&f.job_info, "swarm_job_info",
+        "1 for the job this site runs (label job), 0 for earlier jobs.",
+        {"site", "job"});
+  gauge(&f.last_error, "swarm_last_error_timestamp_seconds",
+        "Unix time of this site's last reported error (0: none).", {"site"});
+  if (!status.ok()) return status;
+  return std::unique_ptr<SiteMetrics>(
+      new SiteMetrics(std::move(site), std::move(families)));
+}
+
+SiteMetrics::SiteMetrics(std::string site, std::unique_ptr<Families> families)
+    : site_(std::move(site)), families_(std::move(families)) {
+  // Every state's gauge exists from the start (0), so that a query for the
+  // current state has no gaps.
+  for (int s = v1::SiteState_MIN; s <= v1::SiteState_MAX; ++s) {
+    if (!v1::SiteState_IsValid(s)) continue;
+    Child(families_->state, {site_, StateLabel(static_cast<v1::SiteState>(s))})
+        ->Set(s == v1::SITE_STATE_IDLE ? 1 : 0);
+  }
+  // The counters and the round histogram show 0 before the first job.
+  for (CounterFamily* family :
+       {families_->rounds_completed, families_->rounds_trained,
+        families_->results_accepted, families_->results_rejected,
+        families_->permissions_granted, families_->status_changes}) {
+    Child(family, {site_});
+  }
+  Child(families_->round_seconds, {site_});
+}
+
+SiteMetrics::~SiteMetrics() = default;
+
+void SiteMetrics::Count(CounterFamily* family, uint64_t value, uint64_t* last) {
+  // Less than last time: the counters started again (a new job).
+  const uint64_t delta = value >= *last ? value - *last : value;
+  *last = value;
+  if (delta > 0) {
+    Child(family, {site_})->Inc(static_cast<double>(delta)).IgnoreError();
+  }
+}
+
+void SiteMetrics::ObserveCounters(const v1::SiteCounters& counters) {
+  Count(families_->permissions_granted, counters.submissions_granted(),
+        &last_granted_);
+  Count(families_->results_accepted, counters.results_accepted(),
+        &last_accepted_);
+  Count(families_->results_rejected, counters.results_rejected(),
+        &last_rejected_);
+  Count(families_->rounds_completed, counters.rounds_completed(),
+        &last_completed_);
+  Count(families_->rounds_trained, counters.rounds_trained(), &last_trained_);
+}
+
+void SiteMetrics::ObserveGauges(const v1::SiteStatus& status) {
+  Families& f = *families_;
+  Child(f.round, {site_})->Set(status.round());
+  for (int s = v1::SiteState_MIN; s <= v1::SiteState_MAX; ++s) {
+    if (!v1::SiteState_IsValid(s)) continue;
+    Child(f.state, {site_, StateLabel(static_cast<v1::SiteState>(s))})
+        ->Set(s == status.state() ? 1 : 0);
+  }
+  Child(f.aggregator, {site_})->Set(status.role().aggregator() ? 1 : 0);
+  if (status.best().present()) {
+    Child(f.best_metric, {site_})->Set(status.best().metric());
+    Child(f.best_round, {site_})->Set(status.best().round());
+  }
+  for (const auto& [name, value] : status.metrics()) {
+    Child(f.validation, {site_, name})->Set(value);
+  }
+  Child(f.in_flight, {site_})
+      ->Set(static_cast<double>(status.counters().submissions_in_flight()));
+  Child(f.max_in_flight, {site_})
+      ->Set(static_cast<double>(status.counters().max_submissions_in_flight()));
+  if (status.last_error_time_ms() != last_error_time_ms_) {
+    last_error_time_ms_ = status.last_error_time_ms();
+    Child(f.last_error, {site_})->Set(status.last_error_time_ms() / 1000.0);
+  }
+}
+
+void SiteMetrics::ObservePhases(const v1::SiteStatus& status, absl::Time now) {
+  Families& f = *families_;
+  const v1::SiteState state = status.state();
+  // The phase that just ended, if any.
+  if (seen_ && (state != state_ || status.round() != state_round_)) {
+    if (const char* phase = PhaseName(state_, job_running_)) {
+      Child(f.phase_seconds, {site_, phase})
+          ->Observe(absl::ToDoubleSeconds(now - state_since_));
+    }
+  }
+  if (!seen_ || state != state_ || status.round() != state_round_) {
+    state_ = state;
+    state_round_ = status.round();
+    state_since_ = now;
+    seen_ = true;
+  }
+  const bool in_round =
+      state != v1::SITE_STATE_IDLE && PhaseName(state, true) != nullptr;
+  if (in_round) job_running_ = true;
+  // The round: from the first status in it to the next round or the end.
+  if (in_round && round_ != status.round()) {
+    if (round_.has_value()) {
+      Child(f.round_seconds, {site_})
+          ->Observe(absl::ToDoubleSeconds(now - round_since_));
+    }
+    round_ = status.round();
+    round_since_ = now;
+  } else if (!in_round && state != v1::SITE_STATE_IDLE && round_.has_value()) {
+    // Done: the last round ended here. Failed or aborted: it did not end.
+    if (state == v1::SITE_STATE_DONE) {
+      Child(f.round_seconds, {site_})
+          ->Observe(absl::ToDoubleSeconds(now - round_since_));
+    }
+    round_.reset();
+  }
+}
+
+void SiteMetrics::Observe(const v1::StatusReply& reply, absl::Time now) {
+  const v1::SiteStatus& status = reply.status();
+  absl::MutexLock lock(&mu_);
+  Child(families_->status_changes, {site_})->Inc().IgnoreError();
+  if (status.job_id() != job_) {
+    // Another job: its counters start from 0; the old one's phase and round
+    // are not measured further.
+    if (!job_.empty()) Child(families_->job_info, {site_, job_})->Set(0);
+    job_ = status.job_id();
+    job_running_ = false;
+    seen_ = false;
+    round_.reset();
+    last_granted_ = last_accepted_ = last_rejected_ = last_completed_ =
+        last_trained_ = 0;
+  } else if (seen_ && !IsTerminal(state_) && IsTerminal(status.state())) {
+    Child(families_->jobs_ended, {site_, StateLabel(status.state())})
+        ->Inc()
+        .IgnoreError();
+  }
+  if (!job_.empty()) Child(families_->job_info, {site_, job_})->Set(1);
+  ObserveCounters(status.counters());
+  ObserveGauges(status);
+  ObservePhases(status, now);
+}
+
+StatusWatcher::StatusWatcher(WaitFn wait, ObserveFn observe,
+                             absl::Duration poll)
+    : wait_(std::move(wait)), observe_(std::move(observe)), poll_(poll) {}
+
+StatusWatcher::~StatusWatcher() { Stop(); }
+
+void StatusWatcher::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void StatusWatcher::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StatusWatcher::Loop() {
+  // The first status is taken at once, whatever its version.
+  bool first = true;
+  uint64_t version = 0;
+  while (!stop_.HasBeenNotified()) {
+    const v1::StatusReply reply = first ? wait_(~uint64_t{0}, absl::Now())
+                                        : wait_(version, absl::Now() + poll_);
+    if (first || reply.version() != version) {
+      first = false;
+      version = reply.version();
+      observe_(reply, absl::Now());
+    }
+  }
+}
+
+}  // namespace swarm
