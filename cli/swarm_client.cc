@@ -375,6 +375,16 @@ int Run(int argc, char** argv) {
   SiteDriver controller(options,
                         observability.Meter(&transport, config->name()),
                         learners->learner.get(), &store, runner.get());
+  // A restart: the job this site was in comes back from the workspace, and
+  // the site rejoins at the next learn task (or `swarmctl resume`).
+  absl::StatusOr<std::string> recovered = controller.RecoverJob();
+  if (!recovered.ok()) {
+    SWARM_LOG_WARNING("not reloading the job in workspace %s: %s",
+                      config->workspace(), recovered.status().message());
+  } else if (!recovered->empty()) {
+    SWARM_LOG_INFO("reloaded job %s from workspace %s", *recovered,
+                   config->workspace());
+  }
   if (learners->external != nullptr) {
     ConnectTrainerToJob(learners->external, &controller);
   }

@@ -36,7 +36,7 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
           absl::StrCat("a handoff of round ", round, " must come from a ",
                        "trainer; ", header.sender(), " is not one"));
     }
-  } else {
+  } else if (!header.resume()) {
     const std::string scatterer =
         job.ScattererOf(round, AttemptOf(lineage, round - 1));
     if (header.sender() != scatterer) {
@@ -75,6 +75,12 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
         "site ", site.self, " already has the learn task of round ", held));
   }
   if (round > held) return admitted;
+  if (site.recovered) return admitted;  // Its round again, after a restart.
+  if (header.resume()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume of round ", round, " refused: site ", site.self,
+                     " did not restart; it holds that round's task"));
+  }
   // The round this site holds.
   admitted.receive_body = false;
   if (header.attempt() == site.attempt &&

@@ -36,6 +36,9 @@ struct SiteRecord {
   // That task's attempt and chain (ModelHeader.attempt, .lineage).
   uint32_t attempt = 0;
   Lineage lineage;
+  // The daemon restarted and reloaded the job: it trains nothing and keeps
+  // no result, so the round it held may come again (a resume, a handoff).
+  bool recovered = false;
   // The best-so-far record from the learn tasks this site accepted, from its
   // own aggregation, and from the last round's aggregator's final message.
   v1::BestRecord best;

@@ -5,6 +5,52 @@
 
 namespace swarm {
 
+absl::StatusOr<std::optional<StoredJob>>
+WorkspaceModelStore::LoadUnfinishedJob() {
+  SWARM_ASSIGN_OR_RETURN(std::vector<std::string> jobs, workspace_.ListJobs());
+  std::optional<StoredJob> newest;
+  for (const std::string& id : jobs) {
+    absl::StatusOr<v1::JobState> state = workspace_.ReadState(id);
+    if (!state.ok()) continue;  // Never configured to the end, or no state.
+    const v1::SiteState site_state = state->state();
+    const bool ended = site_state == v1::SITE_STATE_DONE ||
+                       site_state == v1::SITE_STATE_FAILED ||
+                       site_state == v1::SITE_STATE_ABORTED;
+    if (ended || !(state->started() || state->last_completed_round() >= 0)) {
+      continue;
+    }
+    if (newest.has_value() &&
+        newest->state.updated_time_ms() >= state->updated_time_ms()) {
+      continue;
+    }
+    SWARM_ASSIGN_OR_RETURN(v1::JobConfig job, workspace_.ReadJobConfig(id));
+    StoredJob stored;
+    stored.job = std::move(job);
+    stored.state = *std::move(state);
+    newest = std::move(stored);
+  }
+  if (!newest.has_value()) return newest;
+  const std::string& id = newest->job.job_id();
+  if (newest->state.global_round() >= 0) {
+    absl::StatusOr<Model> global =
+        Model::LoadSafetensors(workspace_.GlobalModelPath(id));
+    bool matches = false;
+    if (global.ok()) {
+      auto round = global->metadata().find("round");
+      matches = round != global->metadata().end() &&
+                round->second == absl::StrCat(newest->state.global_round());
+    }
+    if (matches) {
+      newest->global = std::make_shared<const Model>(*std::move(global));
+    } else {
+      // The state names a global model the file does not hold (a crash
+      // between the two writes): nothing to resume from here.
+      newest->state.set_global_round(-1);
+    }
+  }
+  return newest;
+}
+
 absl::Status WorkspaceModelStore::SaveJobConfig(const v1::JobConfig& job) {
   SWARM_RETURN_IF_ERROR(workspace_.EnsureJobDirs(job.job_id()));
   return workspace_.WriteJobConfig(job);

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -16,9 +17,22 @@
 
 namespace swarm {
 
+// A job a site was in, as its workspace holds it (for a restart).
+struct StoredJob {
+  v1::JobConfig job;
+  v1::JobState state;
+  // The global model of state.global_round(), or null.
+  std::shared_ptr<const Model> global;
+};
+
 class ModelStore {
  public:
   virtual ~ModelStore() = default;
+  // The job this site was last in, if it was started and has not ended
+  // (the newest state file); nullopt when there is none. Default: none.
+  virtual absl::StatusOr<std::optional<StoredJob>> LoadUnfinishedJob() {
+    return std::nullopt;
+  }
   virtual absl::Status SaveJobConfig(const v1::JobConfig& job) = 0;
   virtual absl::Status SaveState(const v1::JobState& state) = 0;
   // The current global model (the input of `round`); with `keep_round`
@@ -46,6 +60,7 @@ class WorkspaceModelStore final : public ModelStore {
  public:
   explicit WorkspaceModelStore(std::string root)
       : workspace_(std::move(root)) {}
+  absl::StatusOr<std::optional<StoredJob>> LoadUnfinishedJob() override;
   absl::Status SaveJobConfig(const v1::JobConfig& job) override;
   absl::Status SaveState(const v1::JobState& state) override;
   absl::Status SaveGlobal(const std::string& job, uint32_t round,

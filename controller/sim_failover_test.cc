@@ -48,6 +48,34 @@ std::string Name(KillPoint point) {
   return "?";
 }
 
+// Every round's global model, as the sites in `sites` received it, is
+// exactly the weighted average of the round before over every site before
+// round `cut` and over `sites` from it on; the last one is their LAST.
+void ExpectExactAmong(Sim& sim, const std::vector<int>& sites, uint32_t cut) {
+  std::map<uint32_t, std::vector<float>> globals;
+  for (int i : sites) {
+    for (const auto& [r, values] : sim.learner(i).globals()) {
+      auto [it, inserted] = globals.emplace(r, values);
+      if (!inserted) {
+        EXPECT_TRUE(it->second == values)
+            << Sim::Name(i) << " got another global model in round " << r;
+      }
+    }
+  }
+  std::shared_ptr<const Model> last = sim.Final(sites[0], v1::MODEL_KIND_LAST);
+  ASSERT_NE(last, nullptr);
+  globals[sim.rounds()] = Floats(*last);
+  const std::vector<int> all = AllSites(sim);
+  for (uint32_t r = 0; r < sim.rounds(); ++r) {
+    SCOPED_TRACE(absl::StrCat("round ", r));
+    ASSERT_EQ(globals.count(r), 1u);
+    ASSERT_EQ(globals.count(r + 1), 1u);
+    const std::vector<float> expected =
+        ExpectedAggregate(sim, globals[r], r < cut ? all : sites);
+    EXPECT_TRUE(globals[r + 1] == expected);
+  }
+}
+
 class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
 
 TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
@@ -121,28 +149,7 @@ TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
   // Exact aggregates: every round before the kill had every trainer; from
   // round r on, every trainer but the dead one (a result it accepted before
   // dying is resubmitted to the backup, its own is lost with it).
-  std::map<uint32_t, std::vector<float>> globals;
-  for (int i : alive) {
-    for (const auto& [r, values] : sim.learner(i).globals()) {
-      auto [it, inserted] = globals.emplace(r, values);
-      if (!inserted) {
-        EXPECT_TRUE(it->second == values)
-            << Sim::Name(i) << " got another global model in round " << r;
-      }
-    }
-  }
-  std::shared_ptr<const Model> last = sim.Final(alive[0], v1::MODEL_KIND_LAST);
-  ASSERT_NE(last, nullptr);
-  globals[sim.rounds()] = Floats(*last);
-  const std::vector<int> all = AllSites(sim);
-  for (uint32_t r = 0; r < sim.rounds(); ++r) {
-    SCOPED_TRACE(absl::StrCat("round ", r));
-    ASSERT_EQ(globals.count(r), 1u);
-    ASSERT_EQ(globals.count(r + 1), 1u);
-    const std::vector<float> expected =
-        ExpectedAggregate(sim, globals[r], r < round ? all : alive);
-    EXPECT_TRUE(globals[r + 1] == expected);
-  }
+  ExpectExactAmong(sim, alive, round);
   for (v1::ModelKind kind : {v1::MODEL_KIND_BEST, v1::MODEL_KIND_LAST}) {
     std::shared_ptr<const Model> reference = sim.Final(alive[0], kind);
     ASSERT_NE(reference, nullptr);
@@ -238,6 +245,44 @@ TEST(SimTest, PartitionThatLetsTwoSitesAggregateOneRoundEndsInOneChain) {
   // How many sites counted a dropped chain depends on where the chains
   // met (a learn task, or only the final models): not asserted.
   (void)dropped;
+}
+
+TEST(SimTest, TrainerDeadMidRoundIsDroppedWithinTwoFailoverTimeouts) {
+  // A bystander trainer acknowledges round 1's task and dies at once (cut
+  // off for good): it never probes its aggregator again. The round must
+  // not wait for it until round_timeout (600 s): it closes once the trainer
+  // has been silent for two failover timeouts (10 s), reporting it.
+  SimConfig config = Config(5, 3);
+  Sim probe(config);
+  const int dead = BystanderTrainer(probe);
+  ASSERT_GE(dead, 0);
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == dead ? 4 : 1;
+  };
+  Sim sim(config);
+  const std::string name = Sim::Name(dead);
+  bool cut = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    // Its own call after the task: the first probe of round 1.
+    if (!cut && call.kind == CallKind::kRequestToSubmit && call.round == 1 &&
+        call.from == name) {
+      cut = true;
+      sim.network().Isolate(name);
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(cut);
+  const std::vector<int> alive = Without(AllSites(sim), dead);
+  for (int i : alive) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+  }
+  const absl::Duration took = RoundClosedAt(sim, 1) - RoundOpenedAt(sim, 1);
+  EXPECT_LE(took, absl::Seconds(25)) << took;
+  const v1::SiteStatus aggregator = sim.Status(sim.Index(sim.Aggregator(1)));
+  EXPECT_EQ(aggregator.counters().trainers_dropped(), 1u);
+  ExpectExactAmong(sim, alive, /*cut=*/1);
 }
 
 }  // namespace

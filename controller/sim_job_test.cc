@@ -147,6 +147,9 @@ TEST(SimTest, LostLearnTaskClosesAtGraceTimeNotTimeout) {
       [](v1::JobConfig* job) {
         job->set_min_responses_required(4);
         job->set_max_concurrent_submissions(5);
+        // Longer than the round: the lost trainer's silence (it never
+        // probes) is not what closes it here (see the failover tests).
+        job->set_failover_timeout_ms(3'600'000);
       },
       [&](int i, TestLearnerOptions* options) {
         options->sample_count = i == lost ? 4 : 1;
@@ -209,6 +212,7 @@ TEST(SimTest, BelowMinimumClosesAtRoundTimeout) {
       [](v1::JobConfig* job) {
         job->set_min_responses_required(4);
         job->set_round_timeout_ms(120'000);
+        job->set_failover_timeout_ms(3'600'000);  // As above.
       },
       [&](int i, TestLearnerOptions* options) {
         options->sample_count = (i == lost || i == second) ? 2

@@ -65,6 +65,12 @@ class SiteDriver {
   SiteDriver(const SiteDriver&) = delete;
   SiteDriver& operator=(const SiteDriver&) = delete;
 
+  // On start, before the first call: reloads the job this site was in from
+  // its store, if one was started and has not ended (design section 6), so
+  // the site rejoins at the next learn task or a resume. Returns the job's
+  // id, "" when there was none. REQUIRES: no job configured yet.
+  absl::StatusOr<std::string> RecoverJob();
+
   // --- Operator calls (answered at once) ---
   v1::Reply Configure(const v1::ConfigureRequest& request);
   v1::Reply Start(const v1::StartRequest& request);

@@ -39,6 +39,27 @@ v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
   return Ask(event::Configure{id, std::move(job), std::move(offload_dir)}, id);
 }
 
+absl::StatusOr<std::string> SiteDriver::RecoverJob() {
+  absl::StatusOr<std::optional<StoredJob>> stored = store_->LoadUnfinishedJob();
+  if (!stored.ok()) return stored.status();
+  if (!stored->has_value()) return std::string();
+  StoredJob& job = **stored;
+  absl::MutexLock configuring(&configure_mu_);
+  absl::Status learner =
+      learner_->ConfigureForJob(std::map<std::string, std::string>(
+          job.job.learner_params().begin(), job.job.learner_params().end()));
+  if (!learner.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.job.job_id(), " in the workspace: its ",
+                     "learner_params: ", learner.message()));
+  }
+  std::string id = job.job.job_id();
+  std::string offload_dir = store_->OffloadDir(id);
+  Feed(event::Recover{WithDefaults(job.job), std::move(job.state),
+                      std::move(job.global), std::move(offload_dir)});
+  return id;
+}
+
 v1::Reply SiteDriver::Start(const v1::StartRequest& request) {
   const RequestId id = NewRequest();
   return Ask(event::Start{id, request}, id);

@@ -46,6 +46,7 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
         if constexpr (std::is_same_v<E, event::PersistDone>) OnPersistDone(e);
         if constexpr (std::is_same_v<E, event::LearnerWaiting>)
           OnLearnerWaiting(e);
+        if constexpr (std::is_same_v<E, event::Recover>) OnRecover(e);
       },
       event);
   // A slot freed or a round opened: a held request may be answered now.
@@ -159,6 +160,11 @@ void SiteMachine::PersistState() {
           : -1);
   *state.mutable_best() = record_.best;
   state.set_state(record_.state);
+  state.set_attempt(record_.attempt);
+  LineageToProto(record_.lineage, state.mutable_lineage());
+  state.set_started(record_.started);
+  state.set_global_round(persisted_global_round_);
+  LineageToProto(persisted_global_lineage_, state.mutable_global_lineage());
   state.set_updated_time_ms(absl::ToUnixMillis(now_));
   out_.push_back(std::move(persist));
 }
@@ -226,7 +232,7 @@ v1::SiteCounters SiteMachine::Counters() const {
 // ---------------------------------------------------------------------------
 // Operator events
 
-void SiteMachine::OnConfigure(event::Configure& e) {
+void SiteMachine::ResetForJob(v1::JobConfig job, std::string offload_dir) {
   EndActivity();
   finals_.clear();
   best_model_.reset();
@@ -238,8 +244,8 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   metrics_.clear();
   last_error_.clear();
   last_error_time_ = absl::InfinitePast();
-  job_ = std::make_shared<const JobView>(std::move(e.job));
-  offload_dir_ = std::move(e.offload_dir);
+  job_ = std::make_shared<const JobView>(std::move(job));
+  offload_dir_ = std::move(offload_dir);
   record_ = SiteRecord();
   record_.self = options_.site;
   record_.state = v1::SITE_STATE_CONFIGURED;
@@ -247,6 +253,13 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   end_reason_.clear();
   final_round_ = 0;
   final_attempt_ = 0;
+  persisted_global_round_ = -1;
+  persisted_global_lineage_.clear();
+  reloaded_ = false;
+}
+
+void SiteMachine::OnConfigure(event::Configure& e) {
+  ResetForJob(std::move(e.job), std::move(e.offload_dir));
   PermissionMayChange();
   PersistClearOffloadAndState();
   out_.push_back(effect::PrepareTransport{job_->config()});
@@ -255,9 +268,80 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "configured"));
 }
 
+void SiteMachine::OnRecover(event::Recover& e) {
+  ResetForJob(std::move(e.job), std::move(e.offload_dir));
+  const v1::JobState& state = e.state;
+  record_.started = state.started() || state.last_completed_round() >= 0;
+  if (state.last_completed_round() >= 0) {
+    record_.last_task_round =
+        static_cast<uint32_t>(state.last_completed_round());
+  }
+  record_.attempt = state.attempt();
+  record_.lineage = LineageFromProto(state.lineage());
+  record_.best = state.best();
+  record_.recovered = true;
+  reloaded_ = true;
+  if (e.global != nullptr && state.global_round() >= 0) {
+    persisted_global_round_ = state.global_round();
+    persisted_global_lineage_ = LineageFromProto(state.global_lineage());
+    current_global_ = e.global;
+  }
+  if (IsTerminal(state.state())) {
+    record_.state = state.state();
+    end_reason_ = "ended before the restart";
+  } else {
+    record_.state =
+        record_.started ? v1::SITE_STATE_IDLE : v1::SITE_STATE_CONFIGURED;
+  }
+  PermissionMayChange();
+  SWARM_LOG_INFO(
+      "job %s reloaded from the workspace after a restart (%s; last learn "
+      "task: round %s; global model of round %d)",
+      job_->id(), v1::SiteState_Name(record_.state),
+      record_.last_task_round.has_value()
+          ? absl::StrCat(*record_.last_task_round)
+          : std::string("none"),
+      persisted_global_round_);
+}
+
+// A resume: scatter the round of the persisted global model again.
+void SiteMachine::Resume(RequestId request) {
+  if (!record_.recovered || current_global_ == nullptr ||
+      persisted_global_round_ < 0) {
+    return Reply(request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("site ", options_.site,
+                                        " holds no persisted global model of "
+                                        "job ",
+                                        job_->id(), " to resume from")));
+  }
+  const uint32_t round = static_cast<uint32_t>(persisted_global_round_);
+  if (!job_->HasRound(round)) {
+    return Reply(request, MakeReply(v1::OUTCOME_REJECTED,
+                                    absl::StrCat("round ", round,
+                                                 " is past the job's last")));
+  }
+  record_.started = true;
+  SWARM_LOG_INFO("resuming job %s at round %d", job_->id(), round);
+  ScatterRound(round, current_global_, record_.best, persisted_global_lineage_,
+               /*resume=*/true);
+  Reply(request,
+        MakeReply(v1::OUTCOME_OK, absl::StrCat("resuming at round ", round)));
+}
+
 void SiteMachine::OnStart(event::Start& e) {
   absl::Status job = CheckJobId(job_.get(), options_.site, e.start.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
+  if (e.start.resume()) {
+    if (IsTerminal(record_.state)) {
+      return Reply(
+          e.request,
+          MakeReply(v1::OUTCOME_REJECTED,
+                    absl::StrCat("job ", job_->id(), " is ",
+                                 v1::SiteState_Name(record_.state), " here")));
+    }
+    return Resume(e.request);
+  }
   if (job_->config().starting_site() != options_.site) {
     return Reply(e.request,
                  MakeReply(v1::OUTCOME_REJECTED,

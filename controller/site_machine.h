@@ -144,6 +144,15 @@ struct PersistDone {
   absl::Status status;
   std::string what;
 };
+// The daemon restarted: the job this site was in, reloaded from its
+// workspace (the accepted config, the state file, the persisted global
+// model if any). REQUIRES: the learner took the job's parameters.
+struct Recover {
+  v1::JobConfig job;
+  v1::JobState state;
+  std::shared_ptr<const Model> global;  // Of state.global_round(), or null.
+  std::string offload_dir;
+};
 // What the learner waits for changed (Learner::WaitingFor; "" for nothing):
 // shown in status as `waiting_for`.
 struct LearnerWaiting {
@@ -157,7 +166,7 @@ using Event =
                  event::RequestCancelled, event::ShareBest, event::CallDone,
                  event::TimerFired, event::TrainingDone, event::InitialModel,
                  event::AggregationDone, event::PersistDone,
-                 event::LearnerWaiting>;
+                 event::LearnerWaiting, event::Recover>;
 
 // ---------------------------------------------------------------------------
 // Effects
@@ -298,8 +307,8 @@ class SiteMachine {
       kRoundDeadline,
       kHeldPermission,
       kAskAgain,
-      // A round opened by a handoff: drop the expected trainers that did not
-      // come forward by now.
+      // Drop the expected trainers not heard from for two failover
+      // timeouts (down, frozen, or silent after a handoff); look again.
       kComeForward,
     };
     Purpose purpose = Purpose::kRoundDeadline;
@@ -314,14 +323,18 @@ class SiteMachine {
     std::set<std::string> waiting;
     std::vector<std::string> acked;
   };
-  // A round this site gathers: its attempt and chain, and (for a round
-  // opened by a handoff) the trainers heard from.
+  // A round this site gathers: its attempt and chain, and when each trainer
+  // was last heard from (a probe, a request, a result; InfiniteFuture while
+  // it holds a slot). Trainers probe their aggregator every half failover
+  // timeout, so one silent for two failover timeouts is down or frozen.
   struct Gathering {
     uint32_t attempt = 0;
     Lineage lineage;
     bool handoff = false;
-    std::set<std::string> heard;
+    absl::Time opened;
+    std::map<std::string, absl::Time> heard;
   };
+  void Heard(uint32_t round, const std::string& trainer, absl::Time when);
   // This site's training for one round, from the learn task to submission.
   // It is kept after submission until the round's outcome arrives (the next
   // learn task, the final models): the result is resubmitted to a backup if
@@ -379,6 +392,9 @@ class SiteMachine {
   void OnAggregationDone(event::AggregationDone& e);
   void OnPersistDone(event::PersistDone& e);
   void OnLearnerWaiting(event::LearnerWaiting& e);
+  void OnRecover(event::Recover& e);
+  void Resume(RequestId request);
+  void ResetForJob(v1::JobConfig job, std::string offload_dir);
 
   // Helpers (site_machine.cc).
   bool Active() const;
@@ -407,7 +423,8 @@ class SiteMachine {
 
   // Trainer role (site_machine_trainer.cc).
   void ScatterRound(uint32_t round, std::shared_ptr<const Model> global,
-                    v1::BestRecord best, const Lineage& lineage);
+                    v1::BestRecord best, const Lineage& lineage,
+                    bool resume = false);
   void SendTaskToAggregator(const Scatter& scatter);
   void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
@@ -518,6 +535,10 @@ class SiteMachine {
   // The final round and attempt of the finals this site sends or received.
   uint32_t final_round_ = 0;
   uint32_t final_attempt_ = 0;
+  // The global model in the store (global.safetensors): its round and chain.
+  int64_t persisted_global_round_ = -1;
+  bool reloaded_ = false;  // This daemon reloaded its job on start.
+  Lineage persisted_global_lineage_;
   std::map<RequestId, Held> held_;
   std::map<uint64_t, Broadcast> broadcasts_;
   uint64_t next_broadcast_ = 1;

@@ -32,9 +32,9 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
       }
       if (!failed) task.add_expected_trainers(trainer);
     }
-    gathering.heard.insert(header.sender());
-    if (IsTrainer(options_.site)) gathering.heard.insert(options_.site);
   }
+  gathering.opened = now_;
+  gathering.heard[header.sender()] = now_;
   absl::StatusOr<std::unique_ptr<AggregationRound>> opened =
       AggregationRound::Open(*job_, options_.site, task, std::move(base),
                              offload_dir_, now_);
@@ -44,9 +44,9 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
   AggregationRound& open = **opened;
   rounds_[round] = std::move(*opened);
   gathering_[round] = std::move(gathering);
-  if (header.handoff()) {
-    // Every live trainer watches the same aggregator and fails over within
-    // about one failover timeout of the others.
+  {
+    // Every live trainer probes its aggregator (and, after a failover,
+    // comes forward to the backup) within a failover timeout.
     Timer timer;
     timer.purpose = Timer::Purpose::kComeForward;
     timer.round = round;
@@ -60,18 +60,36 @@ void SiteMachine::DropSilentTrainers(uint32_t round) {
   auto it = rounds_.find(round);
   auto info = gathering_.find(round);
   if (it == rounds_.end() || info == gathering_.end()) return;
+  const absl::Time silent_since = now_ - 2 * job_->failover_timeout();
   for (const std::string& trainer : job_->trainers()) {
-    if (info->second.heard.count(trainer) > 0) continue;
-    if (it->second->DropTrainer(trainer, "silent after the failover", now_)) {
+    if (trainer == options_.site) continue;
+    auto heard = info->second.heard.find(trainer);
+    const absl::Time last =
+        heard == info->second.heard.end() ? info->second.opened : heard->second;
+    if (last > silent_since) continue;
+    if (it->second->DropTrainer(trainer, "silent: down or frozen", now_)) {
       counters_.set_trainers_dropped(counters_.trainers_dropped() + 1);
-      SWARM_LOG_WARNING(
-          "round %d: not waiting for %s: it did not come forward after the "
-          "failover",
-          round, trainer);
+      ReportError(absl::StrCat("round ", round),
+                  absl::UnavailableError(absl::StrCat(
+                      "not waiting for ", trainer, ": not heard from for ",
+                      absl::FormatDuration(now_ - last),
+                      info->second.handoff ? " (after the failover)" : "")));
     }
   }
   PermissionMayChange();
   OnRoundReport(round, it->second->Check(now_));
+  if (rounds_.count(round) > 0) {
+    Timer timer;
+    timer.purpose = Timer::Purpose::kComeForward;
+    timer.round = round;
+    SetTimer(now_ + job_->failover_timeout(), timer);
+  }
+}
+
+void SiteMachine::Heard(uint32_t round, const std::string& trainer,
+                        absl::Time when) {
+  auto info = gathering_.find(round);
+  if (info != gathering_.end()) info->second.heard[trainer] = when;
 }
 
 std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
@@ -81,7 +99,8 @@ std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
   const Lineage lineage = LineageFromProto(ask.lineage());
   const int chains = CompareChains(lineage, info->second.lineage, round);
   if (chains == 0) {
-    info->second.heard.insert(ask.sender());
+    absl::Time& heard = info->second.heard[ask.sender()];
+    if (heard != absl::InfiniteFuture()) heard = now_;
     return std::nullopt;
   }
   v1::SubmitPermissionReply reply;
@@ -178,7 +197,6 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
                 e.model.status());
   }
   std::shared_ptr<const Model> next = std::move(*e.model);
-  PersistClearOffloadAndState();
   effect::Persist global;
   global.what = effect::Persist::What::kGlobal;
   global.persist = next_persist_++;
@@ -198,6 +216,10 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
     global.metadata["input_score"] = absl::StrCat(*closing.input_score);
   }
   out_.push_back(std::move(global));
+  // The state file names that global model only after it is written.
+  persisted_global_round_ = e.round + 1;
+  persisted_global_lineage_ = Extend(closing.lineage, e.round, closing.attempt);
+  PersistClearOffloadAndState();
   if (e.round < job_->last_round() && closing.stop_reason.empty()) {
     ScatterRound(e.round + 1, std::move(next), closing.best,
                  Extend(closing.lineage, e.round, closing.attempt));
@@ -244,6 +266,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
     Changed();
   } else {
     PermissionMayChange();
+    Heard(round, header.sender(), now);
   }
   absl::StatusOr<ModelAdmission> answer;
   if (!start.refused.ok()) {
@@ -275,6 +298,7 @@ v1::Reply SiteMachine::OnResult(
                                   " closed before the result was complete"));
   }
   const uint32_t round = target->round();
+  Heard(round, header.sender(), now_);
   AggregationRound::ResultEnd end = target->CompleteResult(header, model, now_);
   if (!end.refused.ok()) {
     ReportError(absl::StrCat("round ", header.round(), ": result from ",
@@ -346,6 +370,10 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   // Taking a slot turns no other request's RETRY into an answer: a status
   // change only.
   if (decision.code == PermissionCode::kGranted) Changed();
+  if (decision.outcome == v1::OUTCOME_OK) {
+    // Holding a slot (then uploading): not silent, however long it takes.
+    Heard(round, ask.sender(), absl::InfiniteFuture());
+  }
   OnRoundReport(round, permission.report);
   return reply;
 }

@@ -3,9 +3,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
 #include "controller/site_machine.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace swarm {
 
@@ -24,9 +26,20 @@ std::optional<v1::Reply> SiteMachine::CheckConfigure(const v1::JobConfig& job,
   }
   if (job_ != nullptr && record_.started && !IsTerminal(record_.state)) {
     // A running job keeps its learner: refuse before touching it.
-    if (job_->config().SerializeAsString() == job.SerializeAsString()) {
+    std::string difference;
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&difference);
+    if (differ.Compare(job_->config(), job)) {
       *already = true;
       return MakeReply(v1::OUTCOME_OK, "already configured with this job");
+    }
+    if (job.job_id() == job_->id()) {
+      return MakeReply(
+          v1::OUTCOME_REJECTED,
+          absl::StrCat("site ", options_.site, " runs job ", job_->id(),
+                       " with another config (",
+                       absl::StripTrailingAsciiWhitespace(difference),
+                       "; the first is what it accepted)"));
     }
     return MakeReply(
         v1::OUTCOME_REJECTED,
@@ -60,6 +73,8 @@ v1::StatusReply SiteMachine::Status() const {
   }
   status->set_waiting_for(learner_waiting_);
   status->set_attempt(record_.attempt);
+  status->set_rejoined(reloaded_);
+  status->set_global_round(persisted_global_round_);
   for (const v1::Failover& failover : failovers_) {
     *status->add_failovers() = failover;
   }

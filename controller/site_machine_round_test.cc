@@ -133,8 +133,8 @@ TEST_F(SiteMachineTest, ResultForAClosedRoundIsDropped) {
   const Effects open = OpenAtD(0);
   ASSERT_EQ(AskNow("a", 0), v1::OUTCOME_OK);
   const RequestId upload = next_request_++;
-  Step(event::ModelHeader{upload, Result("a", 0)});       // Upload under way.
-  Effects fx = Fire(*All<effect::SetTimer>(open).at(0));  // round_timeout.
+  Step(event::ModelHeader{upload, Result("a", 0)});        // Upload under way.
+  Effects fx = Fire(*All<effect::SetTimer>(open).back());  // round_timeout.
   ASSERT_EQ(All<effect::RunAggregation>(fx).size(), 1u);
   fx = Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
   EXPECT_EQ(OutcomeOf(fx, upload), v1::OUTCOME_REJECTED);
@@ -154,12 +154,14 @@ TEST_F(SiteMachineTest, LastExpectedResultClosesAggregatesAndScattersNext) {
   EXPECT_EQ(Status().counters().results_accepted(), 2u);
   EXPECT_EQ(Status().last_error(), "");
   const Effects fx = Aggregated(last.effects);
+  // The global model first, then the state file that names it.
   EXPECT_THAT(PersistKinds(fx),
-              ElementsAre(What::kClearOffload, What::kState, What::kGlobal));
-  const effect::Persist* global = All<effect::Persist>(fx)[2];
+              ElementsAre(What::kGlobal, What::kClearOffload, What::kState));
+  const effect::Persist* global = All<effect::Persist>(fx)[0];
   EXPECT_EQ(global->round, 1u);
   EXPECT_FLOAT_EQ(First(*global->model), (2.0f * 1 + 6.0f * 3) / 4);
-  EXPECT_EQ(All<effect::Persist>(fx)[1]->state.last_completed_round(), 0);
+  EXPECT_EQ(All<effect::Persist>(fx)[2]->state.last_completed_round(), 0);
+  EXPECT_EQ(All<effect::Persist>(fx)[2]->state.global_round(), 1);
   const auto tasks = FindSends(fx, CallKind::kLearnTask);
   EXPECT_THAT(Targets(tasks), UnorderedElementsAre("a", "b", "c"));
   for (const effect::Send* t : tasks) {
@@ -199,12 +201,15 @@ TEST_F(SiteMachineTest, GraceDeadlineIsArmedAfterAnEarlierTimerFires) {
 
 TEST_F(SiteMachineTest, RoundClosesAtTimeoutRecordingMissingTrainers) {
   const Effects open = OpenAtD(0);
-  ASSERT_THAT(TimerTimes(open), ElementsAre(kT0 + absl::Seconds(60)));
+  // The round timeout, and the look for silent trainers (two failover
+  // timeouts, 10 s; not fired here).
+  ASSERT_THAT(TimerTimes(open),
+              ElementsAre(kT0 + absl::Seconds(10), kT0 + absl::Seconds(60)));
   Submit("b", 0);
   ASSERT_EQ(AskNow("a", 0), v1::OUTCOME_OK);
   RequestId held;
   Ask("c", 0, &held, now_ + absl::Minutes(5));
-  const Effects fx = Fire(*All<effect::SetTimer>(open)[0]);
+  const Effects fx = Fire(*All<effect::SetTimer>(open).back());
   const auto agg = All<effect::RunAggregation>(fx);
   ASSERT_EQ(agg.size(), 1u);
   EXPECT_EQ(agg[0]->closed->Judge().results, 1u);

@@ -25,7 +25,8 @@ absl::Status ReplyStatus(const event::CallDone& e) {
 
 void SiteMachine::ScatterRound(uint32_t round,
                                std::shared_ptr<const Model> global,
-                               v1::BestRecord best, const Lineage& lineage) {
+                               v1::BestRecord best, const Lineage& lineage,
+                               bool resume) {
   if (!Active()) return;
   const std::vector<std::string> order = job_->ElectionOrder(round);
   if (order.empty()) {
@@ -40,6 +41,7 @@ void SiteMachine::ScatterRound(uint32_t round,
   }
   *scatter.header.mutable_best() = best;
   LineageToProto(lineage, scatter.header.mutable_lineage());
+  scatter.header.set_resume(resume);
   scatter.global = std::move(global);
   SWARM_LOG_INFO("round %d: scattering to %d trainers, aggregator %s", round,
                  static_cast<int>(job_->trainers().size()), order[0]);
@@ -198,8 +200,16 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   record_.attempt = header.attempt();
   record_.lineage = LineageFromProto(header.lineage());
   record_.best = header.best();
+  const bool rejoined = record_.recovered;
+  record_.recovered = false;
   current_global_ = model;
   PermissionMayChange();
+  PersistState();
+  if (rejoined) {
+    counters_.set_rejoins(counters_.rejoins() + 1);
+    SWARM_LOG_INFO("round %d: rejoined the job after a restart",
+                   header.round());
+  }
   // The outcome of the round this site trained before is known now: its
   // kept result is no longer needed.
   if (training_.has_value()) out_.push_back(effect::CancelTraining{});
@@ -240,10 +250,7 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
 void SiteMachine::OnHeldTask(const v1::ModelHeader& header,
                              TaskVerdict verdict) {
   if (verdict == TaskVerdict::kTakeOver) return TakeOver(header);
-  auto info = gathering_.find(header.round());
-  if (header.handoff() && info != gathering_.end()) {
-    info->second.heard.insert(header.sender());
-  }
+  if (header.handoff()) Heard(header.round(), header.sender(), now_);
 }
 
 void SiteMachine::TakeOver(const v1::ModelHeader& header) {
