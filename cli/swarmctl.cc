@@ -76,6 +76,7 @@ __attribute__((format(printf, 1, 2))) void Complain(const char* format, ...) {
 constexpr char kUsage[] =
     "usage:\n"
     "  swarmctl start  --job job.json [--wait-healthy SECONDS]\n"
+    "  swarmctl resume --job job.json   (after the sites restarted)\n"
     "  swarmctl status --job job.json [--watch] [--interval-ms 500]\n"
     "  swarmctl abort  --job job.json [--reason TEXT]\n"
     "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
@@ -206,6 +207,34 @@ absl::Status CheckHealth(const std::string& address,
   return absl::OkStatus();
 }
 
+// Sends `job` to every site (a site already running this very job answers
+// OK). Returns the exit code: 0, or 1 naming the site that refused.
+int ConfigureAll(const v1::JobConfig& job) {
+  for (const v1::SiteInfo& site : job.sites()) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kCallTimeout);
+    v1::ConfigureRequest request;
+    request.set_sender(Sender());
+    *request.mutable_job() = job;
+    v1::Reply reply;
+    grpc::Status status =
+        StubFor(site.address())->Configure(&context, request, &reply);
+    if (!status.ok()) {
+      Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
+               status.error_message().c_str());
+      return 1;
+    }
+    if (reply.outcome() != v1::OUTCOME_OK) {
+      Complain(
+          "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
+          v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
+      return 1;
+    }
+    std::printf("configured %s\n", SiteLabel(site).c_str());
+  }
+  return 0;
+}
+
 int Start(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
@@ -237,28 +266,7 @@ int Start(const Args& args) {
       std::printf("%s is serving\n", SiteLabel(site).c_str());
     }
   }
-  for (const v1::SiteInfo& site : job->sites()) {
-    grpc::ClientContext context;
-    SetDeadline(&context, kCallTimeout);
-    v1::ConfigureRequest request;
-    request.set_sender(Sender());
-    *request.mutable_job() = *job;
-    v1::Reply reply;
-    grpc::Status status =
-        StubFor(site.address())->Configure(&context, request, &reply);
-    if (!status.ok()) {
-      Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
-               status.error_message().c_str());
-      return 1;
-    }
-    if (reply.outcome() != v1::OUTCOME_OK) {
-      Complain(
-          "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
-          v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
-      return 1;
-    }
-    std::printf("configured %s\n", SiteLabel(site).c_str());
-  }
+  if (int code = ConfigureAll(*job); code != 0) return code;
   const v1::SiteInfo* starter = FindSite(*job, job->starting_site());
   grpc::ClientContext context;
   SetDeadline(&context, kCallTimeout);
@@ -276,6 +284,75 @@ int Start(const Args& args) {
   }
   std::printf("job %s started on %s\n", job->job_id().c_str(),
               SiteLabel(*starter).c_str());
+  return 0;
+}
+
+// After the sites restarted (a power cut, a redeploy): every site is sent
+// the same job (a restarted daemon reloaded it from its workspace, and a
+// different config is refused, naming the difference), then the site that
+// holds the latest persisted global model scatters that round again. At
+// most the round in progress is lost; the best record is the one the
+// state files kept.
+int Resume(const Args& args) {
+  absl::StatusOr<v1::JobConfig> job = LoadJob(args);
+  if (!job.ok()) {
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  if (int code = ConfigureAll(*job); code != 0) return code;
+  const v1::SiteInfo* from = nullptr;
+  int64_t latest = -1;
+  for (const v1::SiteInfo& site : job->sites()) {
+    grpc::ClientContext context;
+    SetDeadline(&context, kCallTimeout);
+    v1::StatusRequest request;
+    request.set_sender(Sender());
+    request.set_job_id(job->job_id());
+    v1::StatusReply reply;
+    grpc::Status status =
+        StubFor(site.address())->Status(&context, request, &reply);
+    if (!status.ok()) {
+      Complain("swarmctl: %s: status failed: %s\n", SiteLabel(site).c_str(),
+               status.error_message().c_str());
+      return 1;
+    }
+    const v1::SiteStatus& site_status = reply.status();
+    std::printf("%s: %s, round %u, persisted global model of round %lld%s\n",
+                SiteLabel(site).c_str(),
+                v1::SiteState_Name(site_status.state()).c_str(),
+                site_status.round(),
+                static_cast<long long>(site_status.global_round()),
+                site_status.rejoined() ? " (reloaded after a restart)" : "");
+    if (site_status.rejoined() && site_status.global_round() > latest) {
+      latest = site_status.global_round();
+      from = &site;
+    }
+  }
+  if (from == nullptr) {
+    Complain(
+        "swarmctl: no site of job %s reloaded a persisted global model after "
+        "a restart; nothing to resume from (start the job again with "
+        "swarmctl start)\n",
+        job->job_id().c_str());
+    return 1;
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, kCallTimeout);
+  v1::StartRequest request;
+  request.set_sender(Sender());
+  request.set_job_id(job->job_id());
+  request.set_resume(true);
+  v1::Reply reply;
+  grpc::Status status =
+      StubFor(from->address())->Start(&context, request, &reply);
+  if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
+    Complain(
+        "swarmctl: %s did not resume the job: %s\n", SiteLabel(*from).c_str(),
+        status.ok() ? reply.message().c_str() : status.error_message().c_str());
+    return 1;
+  }
+  std::printf("job %s resumed at round %lld from %s\n", job->job_id().c_str(),
+              static_cast<long long>(latest), SiteLabel(*from).c_str());
   return 0;
 }
 
@@ -701,11 +778,13 @@ int Run(int argc, char** argv) {
   }
   if (args->command == "provision") return Provision(*args);
   if (args->command == "deploy") return DeployK8s(*args);
-  if (args->command == "start" || args->command == "status" ||
-      args->command == "abort" || args->command == "fetch") {
+  if (args->command == "start" || args->command == "resume" ||
+      args->command == "status" || args->command == "abort" ||
+      args->command == "fetch") {
     if (int code = ChooseCredentials(*args); code != 0) return code;
   }
   if (args->command == "start") return Start(*args);
+  if (args->command == "resume") return Resume(*args);
   if (args->command == "status") return Status(*args);
   if (args->command == "abort") return Abort(*args);
   if (args->command == "fetch") return Fetch(*args);
