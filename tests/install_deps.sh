@@ -11,6 +11,7 @@ SWARM_PACKAGES=(
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy dataset-fashion-mnist
   python3-grpcio python3-protobuf
+  iproute2 iptables
 )
 # Only for the PyTorch example (deploy/local/demo.sh --trainer pytorch); the
 # tests do not need it.

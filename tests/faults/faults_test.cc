@@ -250,6 +250,23 @@ TEST_F(NetFaults, PartitionIsolatingBystanderHeals) {
   ExpectJobCompletes();
 }
 
+// (b3) The bystander's link cut (its veth end in the hub down) for 10 s
+// once it submitted round 1's result, then up again.
+TEST_F(NetFaults, BystanderLinkCutAndRestored) {
+  CaseOptions options;
+  options.rounds = 4;
+  options.site_train_ms = {{kBystander, 200}};
+  MakeJob(options);
+  Start();
+  WaitSite(kBystander, SubmittedRound(1), "s4 to submit round 1");
+  ASSERT_TRUE(swarm_->net().SetLink(kBystander, false).ok());
+  Note("s4's link down");
+  absl::SleepFor(absl::Seconds(10));
+  ASSERT_TRUE(swarm_->net().SetLink(kBystander, true).ok());
+  Note("s4's link up");
+  ExpectJobCompletes();
+}
+
 // (b2) The same partition, but the other sites must not be held back by
 // it: the round after the partition began is scattered without s4 (its
 // learn task is not acknowledged within learn_task_ack_timeout, 5 s) and
