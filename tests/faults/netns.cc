@@ -198,7 +198,12 @@ Network::Network(const std::string& tag) : tag_(tag) {}
 
 Network::~Network() {
   NetnsLab& lab = NetnsLab::Get();
+  // The veth pairs first: deleting a namespace only drops its name, and the
+  // kernel frees the namespace (and the pair with it) some time later, so
+  // the next case could find "v<i>" still there.
   for (const auto& [name, site] : sites_) {
+    RunTool({lab.ip(), "-n", lab.hub(), "link", "del", site.hub_dev})
+        .IgnoreError();
     RunTool({lab.ip(), "netns", "del", site.ns}).IgnoreError();
   }
   if (bridge_) {
@@ -237,6 +242,9 @@ absl::StatusOr<std::string> Network::AddSite(const std::string& name,
   site.address = absl::StrCat(kSubnet, 10 + index);
   site.hub_dev = absl::StrCat("v", index);
   RunTool({lab.ip(), "netns", "del", site.ns}).IgnoreError();
+  // One a previous case of this run failed to remove.
+  RunTool({lab.ip(), "-n", lab.hub(), "link", "del", site.hub_dev})
+      .IgnoreError();
   if (absl::Status s = Ip({"netns", "add", site.ns}); !s.ok()) return s;
   sites_.emplace_back(name, site);
   // The pair is made in the hub; its site end goes straight into the site.
