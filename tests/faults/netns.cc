@@ -49,12 +49,13 @@ int ThreadCount() {
   return -1;
 }
 
-// stdout of a command, or an error.
-absl::StatusOr<std::string> Output(const std::vector<std::string>& argv) {
+// stdout of a command, or an error with the command, its exit and stderr.
+absl::StatusOr<std::string> Output(const std::vector<std::string>& argv,
+                                   absl::Duration timeout = absl::Seconds(30)) {
   static std::atomic<int> counter{0};
   const std::string prefix =
       absl::StrCat("/tmp/swft-cmd-", getpid(), "-", counter++);
-  CommandResult result = RunCommand(argv, prefix, absl::Seconds(30));
+  CommandResult result = RunCommand(argv, prefix, timeout);
   std::remove(absl::StrCat(prefix, ".out").c_str());
   std::remove(absl::StrCat(prefix, ".err").c_str());
   if (result.code() != 0) {
@@ -70,17 +71,7 @@ absl::StatusOr<std::string> Output(const std::vector<std::string>& argv) {
 
 absl::Status RunTool(const std::vector<std::string>& argv,
                      absl::Duration timeout) {
-  static std::atomic<int> counter{0};
-  const std::string prefix =
-      absl::StrCat("/tmp/swft-cmd-", getpid(), "-t", counter++);
-  CommandResult result = RunCommand(argv, prefix, timeout);
-  std::remove(absl::StrCat(prefix, ".out").c_str());
-  std::remove(absl::StrCat(prefix, ".err").c_str());
-  if (result.code() == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(
-      absl::StrJoin(argv, " "), ": ", result.exit.ToString(),
-      result.timed_out ? " (timed out)" : "", ": ",
-      absl::StripAsciiWhitespace(result.err)));
+  return Output(argv, timeout).status();
 }
 
 NetnsLab& NetnsLab::Get() {
