@@ -539,6 +539,10 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
       return;
     case Timer::Purpose::kComeForward:
       return DropSilentTrainers(timer.round);
+    case Timer::Purpose::kScatterGrace:
+      return EndScatterWait(timer.round);
+    case Timer::Purpose::kFinalGrace:
+      return OnFinalGrace(timer.broadcast);
   }
 }
 

@@ -310,11 +310,18 @@ class SiteMachine {
       // Drop the expected trainers not heard from for two failover
       // timeouts (down, frozen, or silent after a handoff); look again.
       kComeForward,
+      // A scatter's first acknowledgement came a failover timeout ago: go
+      // on without the trainers still silent.
+      kScatterGrace,
+      // A LAST broadcast's first acknowledgement came a failover timeout
+      // ago: BEST goes to the sites that acknowledged, the rest follow.
+      kFinalGrace,
     };
     Purpose purpose = Purpose::kRoundDeadline;
     uint32_t round = 0;
     RequestId request = 0;
     uint64_t training = 0;
+    uint64_t broadcast = 0;
   };
   // A scatter waiting for the trainers' acknowledgements.
   struct Scatter {
@@ -364,9 +371,15 @@ class SiteMachine {
     absl::Time until;
   };
   // A final-model broadcast: LAST, then BEST (or asking its holder).
+  // Each target's call retries for final_result_ack_timeout (a site back
+  // from a restart then gets it). BEST follows LAST per site: to the sites
+  // that acknowledged LAST once all did or a failover timeout after the
+  // first, and to each later one as it acknowledges.
   struct Broadcast {
     v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;
-    int left = 0;
+    std::set<std::string> pending;
+    std::set<std::string> acked;
+    bool advanced = false;  // BEST went out to the acknowledged ones.
     absl::Status first_error;
     // After LAST: what to do for BEST.
     bool then_best = false;
@@ -429,6 +442,7 @@ class SiteMachine {
   void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
   void SendAggregatorTask(uint32_t round);
+  void EndScatterWait(uint32_t round);
   void NoteFailover(uint32_t round, const std::string& from,
                     const std::string& to, const std::string& reason);
   v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
@@ -475,10 +489,14 @@ class SiteMachine {
   // Finale (site_machine_finale.cc).
   void FinishJob(uint32_t last_round, std::shared_ptr<const Model> last,
                  v1::BestRecord best, const std::string& reason);
+  // To `targets` (every site when empty).
   void BroadcastFinal(v1::ModelKind kind, std::shared_ptr<const Model> model,
-                      uint32_t round, v1::BestRecord best, Broadcast then);
+                      uint32_t round, v1::BestRecord best, Broadcast then,
+                      std::vector<std::string> targets = {});
   void OnFinalDone(const Call& call, const event::CallDone& e);
-  void AfterLast(Broadcast& done);
+  // BEST to `targets`, after their LAST (from here, or via the holder).
+  void SendBest(const Broadcast& done, std::vector<std::string> targets);
+  void OnFinalGrace(uint64_t broadcast);
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model);
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "controller/replies.h"
 #include "controller/site_machine.h"
@@ -49,7 +50,8 @@ void SiteMachine::FinishJob(uint32_t last_round,
 void SiteMachine::BroadcastFinal(v1::ModelKind kind,
                                  std::shared_ptr<const Model> model,
                                  uint32_t round, v1::BestRecord best,
-                                 Broadcast then) {
+                                 Broadcast then,
+                                 std::vector<std::string> targets) {
   v1::ModelHeader header = BaseHeader(kind, round);
   *header.mutable_best() = best;
   header.set_final_round(final_round_);
@@ -65,11 +67,12 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
     metadata["metric"] = absl::StrCat(best.metric());
     metadata["best_site"] = best.site();
   }
+  if (targets.empty()) targets = job_->site_names();
   const uint64_t id = next_broadcast_++;
   then.kind = kind;
-  then.left = job_->config().sites_size();
+  then.pending.insert(targets.begin(), targets.end());
   broadcasts_[id] = std::move(then);
-  for (const v1::SiteInfo& site : job_->config().sites()) {
+  for (const std::string& target : targets) {
     PeerMessage message;
     message.kind = CallKind::kFinalResult;
     message.header = header;
@@ -79,7 +82,8 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
     call.purpose = Call::Purpose::kFinal;
     call.round = round;
     call.broadcast = id;
-    Send(site.name(), std::move(message), call);
+    Send(target, std::move(message), call, /*retry=*/true,
+         now_ + job_->final_result_ack_timeout());
   }
 }
 
@@ -88,12 +92,28 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
       e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
   auto it = broadcasts_.find(call.broadcast);
   if (it == broadcasts_.end()) return;
+  const uint64_t id = it->first;
   Broadcast& broadcast = it->second;
-  if (!status.ok() && broadcast.first_error.ok()) {
+  broadcast.pending.erase(call.target);
+  if (status.ok()) {
+    broadcast.acked.insert(call.target);
+  } else if (broadcast.first_error.ok()) {
     broadcast.first_error = absl::Status(
         status.code(), absl::StrCat(call.target, ": ", status.message()));
   }
-  if (--broadcast.left > 0) return;
+  const bool last_then_best =
+      broadcast.kind == v1::MODEL_KIND_LAST && broadcast.then_best;
+  if (last_then_best && status.ok()) {
+    if (broadcast.advanced) {
+      SendBest(broadcast, {call.target});  // A late one: BEST follows.
+    } else if (broadcast.acked.size() == 1 && !broadcast.pending.empty()) {
+      Timer timer;
+      timer.purpose = Timer::Purpose::kFinalGrace;
+      timer.broadcast = id;
+      SetTimer(now_ + job_->failover_timeout(), timer);
+    }
+  }
+  if (!broadcast.pending.empty()) return;
   Broadcast done = std::move(broadcast);
   broadcasts_.erase(it);
   if (!done.first_error.ok()) {
@@ -101,15 +121,35 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
                                                  : "distributing BEST",
                 done.first_error);
   }
-  if (done.kind == v1::MODEL_KIND_LAST && done.then_best) AfterLast(done);
+  if (last_then_best && !done.advanced) {
+    SendBest(done,
+             std::vector<std::string>(done.acked.begin(), done.acked.end()));
+  }
 }
 
-void SiteMachine::AfterLast(Broadcast& done) {
+void SiteMachine::OnFinalGrace(uint64_t id) {
+  auto it = broadcasts_.find(id);
+  if (it == broadcasts_.end() || it->second.advanced) return;
+  Broadcast& broadcast = it->second;
+  broadcast.advanced = true;
+  std::vector<std::string> waiting(broadcast.pending.begin(),
+                                   broadcast.pending.end());
+  SWARM_LOG_WARNING(
+      "job %s: LAST not yet acknowledged by %s; BEST goes to the others now, "
+      "to them when they acknowledge (retried for final_result_ack_timeout_ms)",
+      job_->id(), absl::StrJoin(waiting, ","));
+  SendBest(broadcast, std::vector<std::string>(broadcast.acked.begin(),
+                                               broadcast.acked.end()));
+}
+
+void SiteMachine::SendBest(const Broadcast& done,
+                           std::vector<std::string> targets) {
+  if (targets.empty()) return;
   const v1::BestRecord& best = done.best;
   if (done.best_model != nullptr) {
     BroadcastFinal(v1::MODEL_KIND_BEST, done.best_model,
                    best.present() ? best.round() : done.last_round, best,
-                   Broadcast());
+                   Broadcast(), std::move(targets));
     return;
   }
   if (job_->Site(best.site()) == nullptr) {
@@ -124,8 +164,8 @@ void SiteMachine::AfterLast(Broadcast& done) {
   *message.share_best.mutable_best() = best;
   message.share_best.set_final_round(final_round_);
   message.share_best.set_attempt(final_attempt_);
-  for (const v1::SiteInfo& site : job_->config().sites()) {
-    message.share_best.add_targets(site.name());
+  for (const std::string& target : targets) {
+    message.share_best.add_targets(target);
   }
   message.timeout = job_->final_result_ack_timeout();
   Call call;
@@ -161,7 +201,9 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
   final_round_ = request.final_round();
   final_attempt_ = request.attempt();
   BroadcastFinal(v1::MODEL_KIND_BEST, best_model_, request.best().round(),
-                 request.best(), Broadcast());
+                 request.best(), Broadcast(),
+                 std::vector<std::string>(request.targets().begin(),
+                                          request.targets().end()));
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "sharing the best model"));
 }
 

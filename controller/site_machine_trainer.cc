@@ -79,9 +79,33 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
   Scatter& scatter = it->second;
   scatter.waiting.erase(call.target);
   if (status.ok()) scatter.acked.push_back(call.target);
+  if (status.ok() && scatter.acked.size() == 1 && !scatter.waiting.empty()) {
+    // The tasks stream in parallel: a trainer still silent a failover
+    // timeout after the first one acknowledged is down, frozen or cut off,
+    // and the round does not wait for it.
+    Timer timer;
+    timer.purpose = Timer::Purpose::kScatterGrace;
+    timer.round = call.round;
+    SetTimer(now_ + job_->failover_timeout(), timer);
+  }
   if (!scatter.waiting.empty()) return;
   Scatter done = std::move(scatter);
   scatters_.erase(it);
+  SendTaskToAggregator(done);
+}
+
+void SiteMachine::EndScatterWait(uint32_t round) {
+  auto it = scatters_.find(round);
+  if (it == scatters_.end() || !Active()) return;
+  Scatter done = std::move(it->second);
+  scatters_.erase(it);
+  for (const std::string& trainer : done.waiting) {
+    ReportError(absl::StrCat("round ", round, ": learn task to ", trainer,
+                             " not acknowledged; not waiting for it"),
+                absl::DeadlineExceededError(
+                    "silent for failover_timeout_ms after the first "
+                    "acknowledgement"));
+  }
   SendTaskToAggregator(done);
 }
 
@@ -151,7 +175,14 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
     aggregator_tasks_.erase(it);
     return;
   }
-  if (call.target == options_.site) {
+  if (record_.last_task_round.has_value() &&
+      *record_.last_task_round > call.round) {
+    // The round went on meanwhile (its trainers handed it over): this
+    // task is no longer needed.
+    aggregator_tasks_.erase(it);
+    return;
+  }
+  if (call.target == options_.site && !e.reply.ok()) {
     return Fail(absl::StrCat("round ", call.round, ": own learn task"), status);
   }
   if (e.reply.ok()) {

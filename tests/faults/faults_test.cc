@@ -14,11 +14,8 @@
 // deadlines (round_timeout 20 s, grace 2 s) so a case takes well under a
 // minute when the daemons recover as they should.
 //
-// Cases under NetFaultsPending need the resilience work of issue 11 (rejoin
-// after restart, aggregator failover, finale recovery, learn tasks not held
-// up by a silent trainer) and fail on the code of today; they run only with SWARM_FAULTS_PENDING=1 (and are not in the
-// default ctest run). Without root, or where namespaces or veth pairs cannot
-// be made, every case skips and prints why.
+// Without root, or where namespaces or veth pairs cannot be made, every
+// case skips and prints why.
 #include <signal.h>
 #include <stdlib.h>
 
@@ -135,7 +132,8 @@ class NetFaults : public ::testing::Test {
     absl::Status started = swarm_->StartAll();
     ASSERT_TRUE(started.ok()) << started;
     start_time_ = absl::Now();
-    CommandResult start = swarm_->Swarmctl({"start", "--job", swarm_->job_path()});
+    CommandResult start =
+        swarm_->Swarmctl({"start", "--job", swarm_->job_path()});
     ASSERT_EQ(start.code(), 0) << start.ToString() << swarm_->Logs();
   }
 
@@ -180,9 +178,9 @@ class NetFaults : public ::testing::Test {
     const double total = absl::ToDoubleSeconds(absl::Now() - start_time_);
     std::fprintf(stderr, "[ faults ] %s: %s after %.1fs of job\n%s",
                  job_.job_id().c_str(),
-                 outcome.all_done ? "every site done"
-                                  : absl::StrCat("NOT done (", outcome.reason,
-                                                 ")").c_str(),
+                 outcome.all_done
+                     ? "every site done"
+                     : absl::StrCat("NOT done (", outcome.reason, ")").c_str(),
                  total, outcome.table.c_str());
     ASSERT_TRUE(outcome.all_done)
         << outcome.reason << "\n"
@@ -194,20 +192,6 @@ class NetFaults : public ::testing::Test {
   std::unique_ptr<NetnsSwarm> swarm_;
   v1::JobConfig job_;
   absl::Time start_time_ = absl::Now();
-};
-
-// The cases that need issue 11's resilience work: skipped unless
-// SWARM_FAULTS_PENDING=1.
-class NetFaultsPending : public NetFaults {
- protected:
-  void SetUp() override {
-    const char* pending = getenv("SWARM_FAULTS_PENDING");
-    if (pending == nullptr || std::string(pending) != "1") {
-      GTEST_SKIP() << "pending resilience work (issue 11); run with "
-                      "SWARM_FAULTS_PENDING=1";
-    }
-    NetFaults::SetUp();
-  }
 };
 
 // (a) 5% random loss into every site and a 10 Mbit/s cap on every link, for
@@ -227,7 +211,8 @@ TEST_F(NetFaults, LossAndBandwidthCapOnEveryLink) {
   for (const std::string& site : kSites) {
     absl::StatusOr<int64_t> drops = swarm_->net().LossDrops(site);
     ASSERT_TRUE(drops.ok()) << drops.status();
-    std::fprintf(stderr, "[ faults ] %s: %lld packets dropped by the loss rule\n",
+    std::fprintf(stderr,
+                 "[ faults ] %s: %lld packets dropped by the loss rule\n",
                  site.c_str(), static_cast<long long>(*drops));
     EXPECT_GT(*drops, 0) << "the loss rule at " << site << " dropped nothing";
   }
@@ -276,7 +261,7 @@ TEST_F(NetFaults, BystanderLinkCutAndRestored) {
 // learn task is not acknowledged within learn_task_ack_timeout, 5 s) and
 // closes without it, so some site reaches round 3 within 15 s of the
 // partition, well before it heals.
-TEST_F(NetFaultsPending, PartitionDoesNotHoldOthersBack) {
+TEST_F(NetFaults, PartitionDoesNotHoldOthersBack) {
   CaseOptions options;
   options.rounds = 4;
   options.site_train_ms = {{kBystander, 200}};
@@ -311,13 +296,13 @@ TEST_F(NetFaultsPending, PartitionDoesNotHoldOthersBack) {
 
 // (c) The bystander trainer killed -9 while it trains round 1, restarted
 // with the same config and workspace 5 s later: it must rejoin.
-TEST_F(NetFaultsPending, KilledTrainerRestartsAndRejoins) {
+TEST_F(NetFaults, KilledTrainerRestartsAndRejoins) {
   CaseOptions options;
   options.train_ms = 4000;
   MakeJob(options);
   ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_NO_FATAL_FAILURE(WaitSite(kBystander, TrainingRound(1),
-                                   "s4 training round 1"));
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
   absl::SleepFor(absl::Seconds(1));
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(kBystander, absl::Seconds(5)));
   ExpectJobCompletes();
@@ -330,8 +315,8 @@ TEST_F(NetFaults, FrozenTrainerBeyondRoundTimeout) {
   options.train_ms = 3000;
   MakeJob(options);
   ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_NO_FATAL_FAILURE(WaitSite(kBystander, TrainingRound(1),
-                                   "s4 training round 1"));
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
   ASSERT_TRUE(swarm_->Signal(kBystander, SIGSTOP).ok());
   Note("SIGSTOP s4");
   absl::SleepFor(absl::Seconds(25));
@@ -342,7 +327,7 @@ TEST_F(NetFaults, FrozenTrainerBeyondRoundTimeout) {
 
 // (e1) Round 1's aggregator killed -9 while the trainers train round 1; it
 // comes back 5 s later as an ordinary site.
-TEST_F(NetFaultsPending, AggregatorKilledWhileTrainersTrain) {
+TEST_F(NetFaults, AggregatorKilledWhileTrainersTrain) {
   CaseOptions options;
   options.train_ms = 4000;
   MakeJob(options);
@@ -350,8 +335,8 @@ TEST_F(NetFaultsPending, AggregatorKilledWhileTrainersTrain) {
   const std::string aggregator = Aggregator(1);
   Note(absl::StrCat("round 1 aggregator: ", aggregator, "; order ",
                     absl::StrJoin(ElectionOrder(job_, 1), ",")));
-  ASSERT_NO_FATAL_FAILURE(WaitSite(kBystander, TrainingRound(1),
-                                   "s4 training round 1"));
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
   absl::SleepFor(absl::Seconds(1));
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5)));
   ExpectJobCompletes();
@@ -360,7 +345,7 @@ TEST_F(NetFaultsPending, AggregatorKilledWhileTrainersTrain) {
 // (e2) Round 1's aggregator killed -9 while gathering: after the fast
 // bystander's result reached it, before the slow trainers' did. It comes
 // back 5 s later as an ordinary site.
-TEST_F(NetFaultsPending, AggregatorKilledWhileGathering) {
+TEST_F(NetFaults, AggregatorKilledWhileGathering) {
   CaseOptions options;
   options.train_ms = 5000;
   options.site_train_ms = {{kBystander, 200}};
@@ -373,8 +358,8 @@ TEST_F(NetFaultsPending, AggregatorKilledWhileGathering) {
   absl::StatusOr<v1::SiteStatus> gathering =
       swarm_->Status(aggregator, job_.job_id(), absl::Seconds(2));
   if (gathering.ok()) {
-    Note(absl::StrCat("aggregator ", aggregator, " before the kill: ",
-                      gathering->ShortDebugString()));
+    Note(absl::StrCat("aggregator ", aggregator,
+                      " before the kill: ", gathering->ShortDebugString()));
   }
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5)));
   ExpectJobCompletes();
@@ -387,7 +372,7 @@ TEST_F(NetFaultsPending, AggregatorKilledWhileGathering) {
 // copy to it takes about 1.7 s. It is killed as soon as it has submitted its
 // last result (or the aggregator is seen distributing), before its
 // last.safetensors exists.
-TEST_F(NetFaultsPending, SiteKilledDuringFinalDistribution) {
+TEST_F(NetFaults, SiteKilledDuringFinalDistribution) {
   absl::Status capped = swarm_->net().CapBandwidth(kBystander, "10mbit");
   ASSERT_TRUE(capped.ok()) << capped;
   CaseOptions options;

@@ -59,10 +59,10 @@ absl::StatusOr<std::string> Output(const std::vector<std::string>& argv,
   std::remove(absl::StrCat(prefix, ".out").c_str());
   std::remove(absl::StrCat(prefix, ".err").c_str());
   if (result.code() != 0) {
-    return absl::InternalError(absl::StrCat(
-        absl::StrJoin(argv, " "), ": ", result.exit.ToString(),
-        result.timed_out ? " (timed out)" : "", ": ",
-        absl::StripAsciiWhitespace(result.err)));
+    return absl::InternalError(
+        absl::StrCat(absl::StrJoin(argv, " "), ": ", result.exit.ToString(),
+                     result.timed_out ? " (timed out)" : "", ": ",
+                     absl::StripAsciiWhitespace(result.err)));
   }
   return result.out;
 }
@@ -83,7 +83,8 @@ std::vector<std::string> NetnsLab::RemoveStale() {
   std::vector<std::string> removed;
   absl::StatusOr<std::string> list = Output({ip_, "netns", "list"});
   if (!list.ok()) return removed;
-  for (absl::string_view line : absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line :
+       absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
     const std::string name(
         absl::StripAsciiWhitespace(line.substr(0, line.find(' '))));
     absl::string_view rest = name;
@@ -112,11 +113,11 @@ void NetnsLab::Enter() {
     return;
   }
   if (ip_.empty() || iptables_.empty() || tc_.empty()) {
-    unavailable_ = absl::StrCat(
-        "missing tools (Debian iproute2 and iptables): ip=",
-        ip_.empty() ? "missing" : ip_,
-        " iptables=", iptables_.empty() ? "missing" : iptables_,
-        " tc=", tc_.empty() ? "missing" : tc_);
+    unavailable_ =
+        absl::StrCat("missing tools (Debian iproute2 and iptables): ip=",
+                     ip_.empty() ? "missing" : ip_,
+                     " iptables=", iptables_.empty() ? "missing" : iptables_,
+                     " tc=", tc_.empty() ? "missing" : tc_);
     return;
   }
   // setns moves only the calling thread; threads started later inherit it.
@@ -132,8 +133,8 @@ void NetnsLab::Enter() {
                  absl::StrJoin(stale, ", ").c_str());
   }
   if (absl::Status added = RunTool({ip_, "netns", "add", hub_}); !added.ok()) {
-    unavailable_ = absl::StrCat("network namespaces unavailable: ",
-                                added.message());
+    unavailable_ =
+        absl::StrCat("network namespaces unavailable: ", added.message());
     return;
   }
   // A veth pair inside the hub tells whether veth works here at all.
@@ -150,8 +151,8 @@ void NetnsLab::Enter() {
   const std::string hub_path = absl::StrCat("/run/netns/", hub_);
   const int hub_fd = open(hub_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (home_fd_ < 0 || hub_fd < 0 || setns(hub_fd, CLONE_NEWNET) != 0) {
-    unavailable_ = absl::StrCat("cannot enter ", hub_path, ": ",
-                                std::strerror(errno));
+    unavailable_ =
+        absl::StrCat("cannot enter ", hub_path, ": ", std::strerror(errno));
     if (hub_fd >= 0) close(hub_fd);
     RunTool({ip_, "netns", "del", hub_}).IgnoreError();
     return;
@@ -295,19 +296,19 @@ absl::Status Network::SetLink(const std::string& site, bool up) {
 }
 
 absl::Status Network::AddLoss(const std::string& site, int percent) {
-  return InSite(site, {NetnsLab::Get().iptables(), "-w", "-A", "INPUT", "-i",
-                       "eth0", "-m", "statistic", "--mode", "random",
-                       "--probability", absl::StrCat(percent / 100.0), "-j",
-                       "DROP"});
+  return InSite(site,
+                {NetnsLab::Get().iptables(), "-w", "-A", "INPUT", "-i", "eth0",
+                 "-m", "statistic", "--mode", "random", "--probability",
+                 absl::StrCat(percent / 100.0), "-j", "DROP"});
 }
 
 absl::StatusOr<int64_t> Network::LossDrops(const std::string& site) {
   if (Find(site) == nullptr) {
     return absl::NotFoundError(absl::StrCat("no site ", site));
   }
-  absl::StatusOr<std::string> rules = Output(
-      Exec(site, {NetnsLab::Get().iptables(), "-w", "-L", "INPUT", "-v", "-x",
-                  "-n"}));
+  absl::StatusOr<std::string> rules =
+      Output(Exec(site, {NetnsLab::Get().iptables(), "-w", "-L", "INPUT", "-v",
+                         "-x", "-n"}));
   if (!rules.ok()) return rules.status();
   int64_t drops = 0;
   for (absl::string_view line : absl::StrSplit(*rules, '\n')) {
@@ -327,13 +328,13 @@ absl::Status Network::CapBandwidth(const std::string& site,
   const Site* s = Find(site);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("no site ", site));
   NetnsLab& lab = NetnsLab::Get();
-  const std::vector<std::string> tbf = {"root", "tbf", "rate", rate, "burst",
-                                        "32kbit", "latency", "400ms"};
+  const std::vector<std::string> tbf = {"root",  "tbf",    "rate",    rate,
+                                        "burst", "32kbit", "latency", "400ms"};
   std::vector<std::string> egress = {lab.tc(), "qdisc", "add", "dev", "eth0"};
   egress.insert(egress.end(), tbf.begin(), tbf.end());
   if (absl::Status st = InSite(site, egress); !st.ok()) return st;
-  std::vector<std::string> ingress = {lab.tc(), "-n", lab.hub(), "qdisc",
-                                      "add", "dev", s->hub_dev};
+  std::vector<std::string> ingress = {lab.tc(), "-n",  lab.hub(), "qdisc",
+                                      "add",    "dev", s->hub_dev};
   ingress.insert(ingress.end(), tbf.begin(), tbf.end());
   return RunTool(ingress);
 }
@@ -348,8 +349,8 @@ absl::Status Network::Partition(const std::string& site,
             .ok()) {
       continue;
     }
-    if (absl::Status s = InSite(site, {iptables, "-w", "-I", chain, "1", "-j",
-                                       "swarm-partition"});
+    if (absl::Status s = InSite(
+            site, {iptables, "-w", "-I", chain, "1", "-j", "swarm-partition"});
         !s.ok()) {
       return s;
     }
@@ -360,9 +361,9 @@ absl::Status Network::Partition(const std::string& site,
       return absl::NotFoundError(absl::StrCat("no site ", other));
     }
     for (const char* direction : {"-s", "-d"}) {
-      if (absl::Status s = InSite(site, {iptables, "-w", "-A",
-                                         "swarm-partition", direction, address,
-                                         "-j", "DROP"});
+      if (absl::Status s =
+              InSite(site, {iptables, "-w", "-A", "swarm-partition", direction,
+                            address, "-j", "DROP"});
           !s.ok()) {
         return s;
       }

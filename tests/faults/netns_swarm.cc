@@ -168,13 +168,14 @@ absl::Status NetnsSwarm::StartSite(const std::string& name) {
   absl::StatusOr<std::string> line =
       site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
   if (!line.ok()) {
-    return absl::Status(line.status().code(),
-                        absl::StrCat("site ", name, ": ", line.status().message(),
-                                     "\nlog:\n", Log(name, 20)));
+    return absl::Status(
+        line.status().code(),
+        absl::StrCat("site ", name, ": ", line.status().message(), "\nlog:\n",
+                     Log(name, 20)));
   }
   if (!absl::StartsWith(*line, "listening on ")) {
-    return absl::InternalError(absl::StrCat(
-        "site ", name, " printed \"", *line, "\", not \"listening on ...\""));
+    return absl::InternalError(absl::StrCat("site ", name, " printed \"", *line,
+                                            "\", not \"listening on ...\""));
   }
   return absl::OkStatus();
 }
@@ -193,7 +194,8 @@ void NetnsSwarm::Kill(const std::string& name) {
 
 absl::Status NetnsSwarm::Signal(const std::string& name, int signal) {
   Site& site = sites_.at(name);
-  if (site.process == nullptr) return absl::FailedPreconditionError("no process");
+  if (site.process == nullptr)
+    return absl::FailedPreconditionError("no process");
   return site.process->Signal(signal);
 }
 
@@ -220,8 +222,8 @@ CommandResult NetnsSwarm::Swarmctl(const std::vector<std::string>& args,
 v1::Peer::Stub& NetnsSwarm::Stub(const std::string& name) {
   Site& site = sites_.at(name);
   if (site.stub == nullptr) {
-    absl::StatusOr<security::TlsIdentity> admin = security::LoadTlsIdentity(
-        absl::StrCat(dir_, "/pki/admins/admin"));
+    absl::StatusOr<security::TlsIdentity> admin =
+        security::LoadTlsIdentity(absl::StrCat(dir_, "/pki/admins/admin"));
     if (!admin.ok()) ADD_FAILURE() << "admin identity: " << admin.status();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
@@ -294,9 +296,8 @@ std::string NetnsSwarm::Table(const Snapshot& snapshot) {
 }
 
 absl::Status NetnsSwarm::WaitFor(
-    const std::string& job_id,
-    const std::function<bool(const Snapshot&)>& done, absl::Time deadline,
-    const std::string& what) {
+    const std::string& job_id, const std::function<bool(const Snapshot&)>& done,
+    absl::Time deadline, const std::string& what) {
   Snapshot last;
   while (true) {
     last = Poll(job_id);
@@ -365,13 +366,12 @@ absl::Status NetnsSwarm::CheckFinalFiles(const std::string& job_id) {
   for (const char* which : {"best", "last"}) {
     std::string reference;
     for (const std::string& name : names_) {
-      const std::string path =
-          absl::StrCat(Workspace(name), "/", job_id, "/", which, ".safetensors");
+      const std::string path = absl::StrCat(Workspace(name), "/", job_id, "/",
+                                            which, ".safetensors");
       absl::StatusOr<std::string> bytes = ReadBytes(path);
       if (!bytes.ok()) {
-        return absl::NotFoundError(
-            absl::StrCat("site ", name, " has no ", which, ".safetensors (",
-                         path, ")"));
+        return absl::NotFoundError(absl::StrCat(
+            "site ", name, " has no ", which, ".safetensors (", path, ")"));
       }
       if (name == names_.front()) {
         reference = std::move(*bytes);
