@@ -392,6 +392,38 @@ std::string StatusRow(const std::string& name, const v1::SiteStatus& s) {
                          validation, best, s.last_error());
 }
 
+// The events under a site's row: failovers it made or saw, a restart it
+// rejoined from, aggregates it dropped, trainers it stopped waiting for, and
+// why the job ended there.
+std::string StatusEvents(const std::string& name, const v1::SiteStatus& s) {
+  std::string events;
+  for (const v1::Failover& failover : s.failovers()) {
+    absl::StrAppendFormat(
+        &events, "    %s: round %u failed over from %s to %s (%s)\n", name,
+        failover.round(), failover.from(), failover.to(), failover.reason());
+  }
+  const v1::SiteCounters& c = s.counters();
+  if (s.rejoined() || c.rejoins() > 0) {
+    absl::StrAppendFormat(&events,
+                          "    %s: reloaded its job after a restart%s\n", name,
+                          c.rejoins() > 0 ? " and rejoined" : "");
+  }
+  if (c.discarded_aggregates() > 0) {
+    absl::StrAppendFormat(&events,
+                          "    %s: dropped %u aggregate(s) of a losing chain\n",
+                          name, c.discarded_aggregates());
+  }
+  if (c.trainers_dropped() > 0) {
+    absl::StrAppendFormat(&events,
+                          "    %s: stopped waiting for %u silent trainer(s)\n",
+                          name, c.trainers_dropped());
+  }
+  if (!s.end_reason().empty()) {
+    absl::StrAppendFormat(&events, "    %s: ended: %s\n", name, s.end_reason());
+  }
+  return events;
+}
+
 StatusTable PollStatus(
     const v1::JobConfig& job,
     const std::map<std::string, std::unique_ptr<v1::Peer::Stub>>& stubs) {
@@ -415,6 +447,7 @@ StatusTable PollStatus(
     }
     const v1::SiteStatus& s = reply.status();
     table.text += StatusRow(site.name(), s);
+    table.text += StatusEvents(site.name(), s);
     if (s.state() == v1::SITE_STATE_DONE) ++table.done;
     if (s.state() == v1::SITE_STATE_FAILED ||
         s.state() == v1::SITE_STATE_ABORTED) {

@@ -70,6 +70,12 @@ absl::Status WorkspaceModelStore::SaveGlobal(
   return model.SaveSafetensors(workspace_.GlobalModelPath(job), metadata);
 }
 
+absl::Status WorkspaceModelStore::SaveRound(
+    const std::string& job, uint32_t round, const Model& model,
+    const std::map<std::string, std::string>& metadata) {
+  return model.SaveSafetensors(workspace_.RoundModelPath(job, round), metadata);
+}
+
 absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadRound(
     const std::string& job, uint32_t round) {
   SWARM_ASSIGN_OR_RETURN(
@@ -122,6 +128,16 @@ absl::Status MemoryModelStore::SaveGlobal(
     const std::string&, uint32_t round, const Model& model,
     const std::map<std::string, std::string>& metadata, bool keep_round) {
   if (!keep_round) return absl::OkStatus();
+  SWARM_ASSIGN_OR_RETURN(Model copy, model.Clone());
+  copy.metadata() = metadata;
+  absl::MutexLock lock(&mu_);
+  rounds_[round] = std::make_shared<const Model>(std::move(copy));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryModelStore::SaveRound(
+    const std::string&, uint32_t round, const Model& model,
+    const std::map<std::string, std::string>& metadata) {
   SWARM_ASSIGN_OR_RETURN(Model copy, model.Clone());
   copy.metadata() = metadata;
   absl::MutexLock lock(&mu_);

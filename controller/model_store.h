@@ -40,6 +40,10 @@ class ModelStore {
   virtual absl::Status SaveGlobal(
       const std::string& job, uint32_t round, const Model& model,
       const std::map<std::string, std::string>& metadata, bool keep_round) = 0;
+  // A round's global model kept on its own (the best model's copy).
+  virtual absl::Status SaveRound(
+      const std::string& job, uint32_t round, const Model& model,
+      const std::map<std::string, std::string>& metadata) = 0;
   // A round's kept global model; NotFound when absent.
   virtual absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) = 0;
@@ -67,6 +71,9 @@ class WorkspaceModelStore final : public ModelStore {
                           const Model& model,
                           const std::map<std::string, std::string>& metadata,
                           bool keep_round) override;
+  absl::Status SaveRound(
+      const std::string& job, uint32_t round, const Model& model,
+      const std::map<std::string, std::string>& metadata) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(
@@ -92,6 +99,9 @@ class MemoryModelStore final : public ModelStore {
                           const Model& model,
                           const std::map<std::string, std::string>& metadata,
                           bool keep_round) override;
+  absl::Status SaveRound(
+      const std::string& job, uint32_t round, const Model& model,
+      const std::map<std::string, std::string>& metadata) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(

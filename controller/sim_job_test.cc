@@ -231,6 +231,64 @@ TEST(SimTest, BelowMinimumClosesAtRoundTimeout) {
   ExpectExactRounds(
       sim, [&](uint32_t round) { return round == 1 ? remaining : all; }, all);
 }
+
+// Early stop: the scripted metric of round 2's global model (0.875, the best
+// of the script) reaches stop_at_metric; or, with a patience of 2 rounds,
+// no better one comes in rounds 3 and 4. Either way the job ends there,
+// normally (BEST then LAST to every site), and says why.
+struct EarlyStopCase {
+  std::string name;
+  std::function<void(v1::JobConfig*)> rule;
+  uint32_t last_round;  // The round after which the job ends.
+  std::string reason;
+};
+
+class EarlyStopTest : public ::testing::TestWithParam<EarlyStopCase> {};
+
+TEST_P(EarlyStopTest, EndsAfterTheRoundThatMeetsTheRule) {
+  const EarlyStopCase& param = GetParam();
+  Sim sim(Config(5, 8, param.rule));
+  sim.RunJob();
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    EXPECT_THAT(status.end_reason(), HasSubstr(param.reason)) << Sim::Name(i);
+    EXPECT_EQ(status.round(), param.last_round) << Sim::Name(i);
+  }
+  // No learn task after the stopping round.
+  EXPECT_EQ(FirstCall(sim, CallKind::kLearnTask, param.last_round + 1),
+            absl::InfiniteFuture());
+  std::shared_ptr<const Model> last = sim.Final(0, v1::MODEL_KIND_LAST);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->metadata().at("round"), absl::StrCat(param.last_round));
+  EXPECT_THAT(last->metadata().at("end_reason"), HasSubstr(param.reason));
+  std::shared_ptr<const Model> best = sim.Final(0, v1::MODEL_KIND_BEST);
+  ASSERT_NE(best, nullptr);
+  EXPECT_EQ(best->metadata().at("round"), absl::StrCat(kBestRound));
+  for (int i : all) {
+    std::shared_ptr<const Model> other = sim.Final(i, v1::MODEL_KIND_LAST);
+    ASSERT_NE(other, nullptr);
+    EXPECT_EQ(other->tensor_data(0), last->tensor_data(0)) << Sim::Name(i);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, EarlyStopTest,
+    ::testing::Values(EarlyStopCase{"StopAtMetric",
+                                    [](v1::JobConfig* job) {
+                                      job->set_stop_at_metric(0.85);
+                                    },
+                                    2, "reached stop_at_metric 0.85"},
+                      EarlyStopCase{"Patience",
+                                    [](v1::JobConfig* job) {
+                                      job->set_stop_patience_rounds(2);
+                                    },
+                                    4, "stop_patience_rounds 2"}),
+    [](const ::testing::TestParamInfo<EarlyStopCase>& info) {
+      return info.param.name;
+    });
+
 }  // namespace
 }  // namespace sim
 }  // namespace swarm

@@ -26,6 +26,8 @@ absl::string_view PersistName(effect::Persist::What what) {
       return "state";
     case effect::Persist::What::kGlobal:
       return "the global model";
+    case effect::Persist::What::kBestModel:
+      return "the best model's copy";
     case effect::Persist::What::kFinal:
       return "final model";
     case effect::Persist::What::kClearOffload:
@@ -342,6 +344,10 @@ void SiteDriver::Write(effect::Persist& persist) {
       break;
     case effect::Persist::What::kFinal:
       status = store_->SaveFinal(persist.job_id, persist.kind, *persist.model,
+                                 persist.metadata);
+      break;
+    case effect::Persist::What::kBestModel:
+      status = store_->SaveRound(persist.job_id, persist.round, *persist.model,
                                  persist.metadata);
       break;
     case effect::Persist::What::kClearOffload:

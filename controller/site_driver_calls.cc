@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
 #include "controller/site_driver.h"
@@ -55,8 +56,25 @@ absl::StatusOr<std::string> SiteDriver::RecoverJob() {
   }
   std::string id = job.job.job_id();
   std::string offload_dir = store_->OffloadDir(id);
+  // The best model's copy, when this site holds it (kept on disk when it
+  // became the best).
+  std::shared_ptr<const Model> best_model;
+  const v1::BestRecord& best = job.state.best();
+  if (best.present() && best.site() == options_.site) {
+    absl::StatusOr<std::shared_ptr<const Model>> kept =
+        store_->LoadRound(id, best.round());
+    if (kept.ok()) {
+      best_model = *std::move(kept);
+    } else {
+      SWARM_LOG_WARNING(
+          "job %s: the best model of round %d is not in the workspace (%s); "
+          "BEST cannot come from this site",
+          id, best.round(), kept.status().message());
+    }
+  }
   Feed(event::Recover{WithDefaults(job.job), std::move(job.state),
-                      std::move(job.global), std::move(offload_dir)});
+                      std::move(job.global), std::move(best_model),
+                      std::move(offload_dir)});
   return id;
 }
 

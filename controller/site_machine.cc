@@ -281,6 +281,10 @@ void SiteMachine::OnRecover(event::Recover& e) {
   record_.best = state.best();
   record_.recovered = true;
   reloaded_ = true;
+  if (e.best_model != nullptr && record_.best.site() == options_.site) {
+    best_model_ = e.best_model;
+    best_model_round_ = record_.best.round();
+  }
   if (e.global != nullptr && state.global_round() >= 0) {
     persisted_global_round_ = state.global_round();
     persisted_global_lineage_ = LineageFromProto(state.global_lineage());

@@ -151,6 +151,8 @@ struct Recover {
   v1::JobConfig job;
   v1::JobState state;
   std::shared_ptr<const Model> global;  // Of state.global_round(), or null.
+  // The best model's copy when this site holds it (state.best()), or null.
+  std::shared_ptr<const Model> best_model;
   std::string offload_dir;
 };
 // What the learner waits for changed (Learner::WaitingFor; "" for nothing):
@@ -214,7 +216,9 @@ struct SetTimer {
 // Write to the site's store, in the order given. With `notify`, and on
 // failure, report kPersistDone.
 struct Persist {
-  enum class What { kState, kGlobal, kFinal, kClearOffload };
+  // kBestModel: the global model of `round` this site scored best, kept as
+  // that round's model so that a restart does not lose it.
+  enum class What { kState, kGlobal, kFinal, kClearOffload, kBestModel };
   What what = What::kState;
   PersistId persist = 0;
   bool notify = false;

@@ -166,6 +166,16 @@ void SiteMachine::CloseRound(uint32_t number) {
   if (verdict.base_is_new_best) {
     best_model_ = round->shared_base();
     best_model_round_ = number;
+    effect::Persist keep;
+    keep.what = effect::Persist::What::kBestModel;
+    keep.persist = next_persist_++;
+    keep.job_id = job_->id();
+    keep.round = number;
+    keep.model = best_model_;
+    keep.metadata = best_model_->metadata();
+    keep.metadata["job"] = job_->id();
+    keep.metadata["round"] = absl::StrCat(number);
+    out_.push_back(std::move(keep));
   }
   record_.best = verdict.best;
   counters_.set_rounds_completed(counters_.rounds_completed() + 1);

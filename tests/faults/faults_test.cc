@@ -411,4 +411,50 @@ TEST_F(NetFaults, SiteKilledDuringFinalDistribution) {
 }
 
 }  // namespace
+// All four sites killed -9 while round 2 trains (a power cut), restarted
+// with their configs and workspaces: each reloads the job. A resume with a
+// different config is refused, naming the difference; `swarmctl resume`
+// with the job's own config continues from the latest persisted global
+// model (round 2's, at round 1's aggregator), losing at most round 2.
+TEST_F(NetFaults, AllSitesKilledThenResumed) {
+  CaseOptions options;
+  options.rounds = 4;
+  options.train_ms = 3000;
+  MakeJob(options);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, TrainingRound(2), "s4 training round 2"));
+  for (const std::string& site : kSites) swarm_->Kill(site);
+  Note("kill -9 every site");
+  for (const std::string& site : kSites) {
+    absl::Status restarted = swarm_->StartSite(site);
+    ASSERT_TRUE(restarted.ok()) << restarted;
+  }
+  Note("restarted every site");
+  for (const std::string& site : kSites) {
+    ASSERT_NO_FATAL_FAILURE(WaitSite(
+        site,
+        [&](const v1::SiteStatus& status) {
+          return status.rejoined() && status.job_id() == job_.job_id();
+        },
+        site + " reloaded its job"));
+  }
+  v1::JobConfig other = job_;
+  other.set_num_rounds(options.rounds + 1);
+  absl::StatusOr<std::string> other_path =
+      swarm_->WriteJobFile(other, "other-job.json");
+  ASSERT_TRUE(other_path.ok()) << other_path.status();
+  CommandResult refused = swarm_->Swarmctl({"resume", "--job", *other_path});
+  EXPECT_EQ(refused.code(), 1) << refused.ToString();
+  EXPECT_NE(refused.ToString().find("num_rounds"), std::string::npos)
+      << refused.ToString();
+  CommandResult resumed =
+      swarm_->Swarmctl({"resume", "--job", swarm_->job_path()});
+  ASSERT_EQ(resumed.code(), 0) << resumed.ToString() << swarm_->Logs();
+  EXPECT_NE(resumed.ToString().find("resumed at round 2"), std::string::npos)
+      << resumed.ToString();
+  Note("swarmctl resume");
+  ExpectJobCompletes();
+}
+
 }  // namespace swarm::testing

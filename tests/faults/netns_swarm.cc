@@ -115,6 +115,15 @@ v1::JobConfig NetnsSwarm::BaseJob(const std::string& job_id) const {
   return job;
 }
 
+absl::StatusOr<std::string> NetnsSwarm::WriteJobFile(
+    const v1::JobConfig& job, const std::string& file_name) {
+  const std::string path = absl::StrCat(dir_, "/", file_name);
+  if (!WriteText(path, ToJson(job))) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return path;
+}
+
 absl::Status NetnsSwarm::WriteJobAndProvision(const v1::JobConfig& job) {
   job_path_ = absl::StrCat(dir_, "/job.json");
   if (!WriteText(job_path_, ToJson(job))) {

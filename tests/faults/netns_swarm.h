@@ -64,6 +64,10 @@ class NetnsSwarm {
   // certificate and the admin "admin" with swarmctl.
   absl::Status WriteJobAndProvision(const v1::JobConfig& job);
   const std::string& job_path() const { return job_path_; }
+  // Writes `job` as <dir>/<file_name> (another job file for swarmctl);
+  // returns its path.
+  absl::StatusOr<std::string> WriteJobFile(const v1::JobConfig& job,
+                                           const std::string& file_name);
 
   // Starts (or restarts, with the same config and workspace) a site's daemon
   // in its namespace and waits for "listening on ...".
