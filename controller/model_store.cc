@@ -70,10 +70,17 @@ absl::Status WorkspaceModelStore::SaveGlobal(
   return model.SaveSafetensors(workspace_.GlobalModelPath(job), metadata);
 }
 
-absl::Status WorkspaceModelStore::SaveRound(
-    const std::string& job, uint32_t round, const Model& model,
+absl::Status WorkspaceModelStore::SaveHeldBest(
+    const std::string& job, const Model& model,
     const std::map<std::string, std::string>& metadata) {
-  return model.SaveSafetensors(workspace_.RoundModelPath(job, round), metadata);
+  return model.SaveSafetensors(workspace_.HeldBestPath(job), metadata);
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadHeldBest(
+    const std::string& job) {
+  SWARM_ASSIGN_OR_RETURN(Model model,
+                         Model::LoadSafetensors(workspace_.HeldBestPath(job)));
+  return std::make_shared<const Model>(std::move(model));
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadRound(
@@ -135,14 +142,21 @@ absl::Status MemoryModelStore::SaveGlobal(
   return absl::OkStatus();
 }
 
-absl::Status MemoryModelStore::SaveRound(
-    const std::string&, uint32_t round, const Model& model,
+absl::Status MemoryModelStore::SaveHeldBest(
+    const std::string&, const Model& model,
     const std::map<std::string, std::string>& metadata) {
   SWARM_ASSIGN_OR_RETURN(Model copy, model.Clone());
   copy.metadata() = metadata;
   absl::MutexLock lock(&mu_);
-  rounds_[round] = std::make_shared<const Model>(std::move(copy));
+  held_best_ = std::make_shared<const Model>(std::move(copy));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Model>> MemoryModelStore::LoadHeldBest(
+    const std::string&) {
+  absl::MutexLock lock(&mu_);
+  if (held_best_ == nullptr) return absl::NotFoundError("no held best model");
+  return held_best_;
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> MemoryModelStore::LoadRound(

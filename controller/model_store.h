@@ -40,10 +40,13 @@ class ModelStore {
   virtual absl::Status SaveGlobal(
       const std::string& job, uint32_t round, const Model& model,
       const std::map<std::string, std::string>& metadata, bool keep_round) = 0;
-  // A round's global model kept on its own (the best model's copy).
-  virtual absl::Status SaveRound(
-      const std::string& job, uint32_t round, const Model& model,
+  // The best model's copy at the site that scored it (held-best.safetensors;
+  // metadata "round" names its round), and its load; NotFound when absent.
+  virtual absl::Status SaveHeldBest(
+      const std::string& job, const Model& model,
       const std::map<std::string, std::string>& metadata) = 0;
+  virtual absl::StatusOr<std::shared_ptr<const Model>> LoadHeldBest(
+      const std::string& job) = 0;
   // A round's kept global model; NotFound when absent.
   virtual absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) = 0;
@@ -71,9 +74,11 @@ class WorkspaceModelStore final : public ModelStore {
                           const Model& model,
                           const std::map<std::string, std::string>& metadata,
                           bool keep_round) override;
-  absl::Status SaveRound(
-      const std::string& job, uint32_t round, const Model& model,
+  absl::Status SaveHeldBest(
+      const std::string& job, const Model& model,
       const std::map<std::string, std::string>& metadata) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadHeldBest(
+      const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(
@@ -99,9 +104,11 @@ class MemoryModelStore final : public ModelStore {
                           const Model& model,
                           const std::map<std::string, std::string>& metadata,
                           bool keep_round) override;
-  absl::Status SaveRound(
-      const std::string& job, uint32_t round, const Model& model,
+  absl::Status SaveHeldBest(
+      const std::string& job, const Model& model,
       const std::map<std::string, std::string>& metadata) override;
+  absl::StatusOr<std::shared_ptr<const Model>> LoadHeldBest(
+      const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
   absl::Status SaveFinal(
@@ -118,6 +125,7 @@ class MemoryModelStore final : public ModelStore {
  private:
   mutable absl::Mutex mu_;
   v1::JobState state_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Model> held_best_ ABSL_GUARDED_BY(mu_);
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
       ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<const Model>> rounds_ ABSL_GUARDED_BY(mu_);

@@ -347,8 +347,8 @@ void SiteDriver::Write(effect::Persist& persist) {
                                  persist.metadata);
       break;
     case effect::Persist::What::kBestModel:
-      status = store_->SaveRound(persist.job_id, persist.round, *persist.model,
-                                 persist.metadata);
+      status = store_->SaveHeldBest(persist.job_id, *persist.model,
+                                    persist.metadata);
       break;
     case effect::Persist::What::kClearOffload:
       store_->ClearOffload(persist.job_id).IgnoreError();

@@ -62,7 +62,15 @@ absl::StatusOr<std::string> SiteDriver::RecoverJob() {
   const v1::BestRecord& best = job.state.best();
   if (best.present() && best.site() == options_.site) {
     absl::StatusOr<std::shared_ptr<const Model>> kept =
-        store_->LoadRound(id, best.round());
+        store_->LoadHeldBest(id);
+    if (kept.ok()) {
+      auto round = (*kept)->metadata().find("round");
+      if (round == (*kept)->metadata().end() ||
+          round->second != absl::StrCat(best.round())) {
+        kept = absl::DataLossError(absl::StrCat(
+            "held-best.safetensors is not round ", best.round(), "'s model"));
+      }
+    }
     if (kept.ok()) {
       best_model = *std::move(kept);
     } else {

@@ -217,7 +217,7 @@ struct SetTimer {
 // failure, report kPersistDone.
 struct Persist {
   // kBestModel: the global model of `round` this site scored best, kept as
-  // that round's model so that a restart does not lose it.
+  // held-best.safetensors so that a restart does not lose it.
   enum class What { kState, kGlobal, kFinal, kClearOffload, kBestModel };
   What what = What::kState;
   PersistId persist = 0;

@@ -176,6 +176,9 @@ std::string Workspace::BestModelPath(absl::string_view job_id) const {
 std::string Workspace::LastModelPath(absl::string_view job_id) const {
   return absl::StrCat(JobDir(job_id), "/last.safetensors");
 }
+std::string Workspace::HeldBestPath(absl::string_view job_id) const {
+  return absl::StrCat(JobDir(job_id), "/held-best.safetensors");
+}
 std::string Workspace::RoundsDir(absl::string_view job_id) const {
   return absl::StrCat(JobDir(job_id), "/rounds");
 }

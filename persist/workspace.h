@@ -4,6 +4,7 @@
 //   <root>/<job>/global.safetensors      the current global model
 //   <root>/<job>/best.safetensors        at the end: the best global model
 //   <root>/<job>/last.safetensors        at the end: the last global model
+//   <root>/<job>/held-best.safetensors   the best model's copy at its holder
 //   <root>/<job>/rounds/round-000012.safetensors   per-round global models
 //   <root>/<job>/offload/                disk-offloaded results of a round
 // Every file is replaced atomically (atomic_file.h).
@@ -45,7 +46,9 @@ class Workspace {
   std::string GlobalModelPath(absl::string_view job_id) const;  // global.
   std::string BestModelPath(absl::string_view job_id) const;    // best.
   std::string LastModelPath(absl::string_view job_id) const;    // last.
-  std::string RoundsDir(absl::string_view job_id) const;        // rounds
+  // held-best.safetensors: the best model's copy at the site that scored it.
+  std::string HeldBestPath(absl::string_view job_id) const;
+  std::string RoundsDir(absl::string_view job_id) const;  // rounds
   // rounds/round-000012.safetensors (at least six digits).
   std::string RoundModelPath(absl::string_view job_id, uint32_t round) const;
   std::string OffloadDir(absl::string_view job_id) const;  // offload
