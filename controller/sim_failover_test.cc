@@ -3,6 +3,9 @@
 // a partition lets two sites aggregate one round; the job must complete on
 // every other site with exact aggregates (nothing accepted is lost) and
 // identical final models, in bounded virtual time.
+#include <cstdio>
+#include <tuple>
+
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
 
@@ -76,23 +79,26 @@ void ExpectExactAmong(Sim& sim, const std::vector<int>& sites, uint32_t cut) {
   }
 }
 
-class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
+// (kill point, sites): 5 or 9 sites, so that 4 or 8 survive.
+class FailoverTest
+    : public ::testing::TestWithParam<std::tuple<KillPoint, int>> {};
 
 TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
-  // 5 sites, 5 rounds. The dead aggregator weighs 4, the others 1 each, so
-  // that every round's total weight is a power of two with or without it
-  // (the aggregates are then exact to the bit).
-  SimConfig config = Config(5, 5);
+  // N sites (5 or 9), 5 rounds. The dead aggregator weighs N - 1, the
+  // others 1 each, so that every round's total weight is a power of two
+  // with or without it (the aggregates are then exact to the bit).
+  const KillPoint point = std::get<0>(GetParam());
+  const int sites = std::get<1>(GetParam());
+  SimConfig config = Config(sites, 5);
   Sim probe(config);
   const uint32_t round = RoundToBreak(probe);
   ASSERT_LT(round, probe.rounds()) << "change the seed";
   const int dead = probe.Index(probe.Aggregator(round));
   config.learner = [&](int i, TestLearnerOptions* options) {
-    options->sample_count = i == dead ? 4 : 1;
+    options->sample_count = i == dead ? static_cast<uint64_t>(sites - 1) : 1;
   };
   Sim sim(config);
   const std::string aggregator = Sim::Name(dead);
-  const KillPoint point = GetParam();
   int seen = 0;
   absl::Time killed = absl::InfiniteFuture();
   sim.network().SetObserver([&](const CallRecord& call) {
@@ -165,20 +171,36 @@ TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
   // for trainers to come forward) plus one ordinary round.
   const absl::Duration failover =
       absl::Milliseconds(sim.job().failover_timeout_ms());
-  EXPECT_LE(RoundClosedAt(sim, round) - killed,
-            2 * failover + absl::Seconds(10))
+  // The backup closed the round when it scattered the next one.
+  absl::Time closed = absl::InfiniteFuture();
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kLearnTask && call.round == round + 1 &&
+        call.from == backup) {
+      closed = std::min(closed, call.start);
+    }
+  }
+  ASSERT_NE(closed, absl::InfiniteFuture()) << "the backup never scattered";
+  std::printf(
+      "[ failover ] %d sites, %s: round %u closed at the backup %s after the "
+      "kill\n",
+      sites, Name(point).c_str(), round,
+      absl::FormatDuration(closed - killed).c_str());
+  EXPECT_LE(closed - killed, 2 * failover + absl::Seconds(10))
       << "round " << round << " closed " << RoundClosedAt(sim, round) - killed
       << " after the kill";
 }
 
-INSTANTIATE_TEST_SUITE_P(KillPoints, FailoverTest,
-                         ::testing::Values(KillPoint::kBeforeItsTask,
-                                           KillPoint::kWhileTrainersTrain,
-                                           KillPoint::kWhileGathering,
-                                           KillPoint::kBeforeItsScatter),
-                         [](const ::testing::TestParamInfo<KillPoint>& info) {
-                           return Name(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    KillPoints, FailoverTest,
+    ::testing::Combine(::testing::Values(KillPoint::kBeforeItsTask,
+                                         KillPoint::kWhileTrainersTrain,
+                                         KillPoint::kWhileGathering,
+                                         KillPoint::kBeforeItsScatter),
+                       ::testing::Values(5, 9)),
+    [](const ::testing::TestParamInfo<std::tuple<KillPoint, int>>& info) {
+      return absl::StrCat(Name(std::get<0>(info.param)), "_",
+                          std::get<1>(info.param), "Sites");
+    });
 
 TEST(SimTest, PartitionThatLetsTwoSitesAggregateOneRoundEndsInOneChain) {
   // Round r's aggregator A and one trainer are cut off from the other three
