@@ -23,33 +23,6 @@
 namespace swarm::testing {
 namespace {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(message, &json, options)
-           .ok()) {
-    ADD_FAILURE() << "cannot print " << message.GetTypeName() << " as JSON";
-  }
-  return json;
-}
-
-std::string MakeTempDir(const std::string& label) {
-  const char* tmp = getenv("TMPDIR");
-  std::string safe(label);
-  for (char& c : safe) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '-';
-  }
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
-                                     "/swarm-faults-", safe, "-XXXXXX");
-  if (mkdtemp(pattern.data()) == nullptr) {
-    ADD_FAILURE() << "mkdtemp " << pattern << ": " << strerror(errno);
-    return "/tmp";
-  }
-  return pattern;
-}
-
 bool WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -71,7 +44,7 @@ std::string StateName(v1::SiteState state) {
 }  // namespace
 
 NetnsSwarm::NetnsSwarm(const std::string& label, const std::string& tag)
-    : dir_(MakeTempDir(label)), net_(tag) {}
+    : dir_(MakeTempDir("swarm-faults", label)), net_(tag) {}
 
 NetnsSwarm::~NetnsSwarm() {
   for (auto& [name, site] : sites_) {

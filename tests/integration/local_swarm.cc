@@ -19,7 +19,6 @@
 #include "gtest/gtest.h"
 
 namespace swarm::testing {
-namespace {
 
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -33,22 +32,20 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-std::string MakeTempDir(absl::string_view label) {
+std::string MakeTempDir(absl::string_view prefix, absl::string_view label) {
   const char* tmp = getenv("TMPDIR");
   std::string safe(label);
   for (char& c : safe) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '-';
   }
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
-                                     "/swarm-it-", safe, "-XXXXXX");
+  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/",
+                                     prefix, "-", safe, "-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     ADD_FAILURE() << "mkdtemp " << pattern << ": " << strerror(errno);
     return "/tmp";
   }
   return pattern;
 }
-
-}  // namespace
 
 std::string SwarmClientPath() { return SWARM_CLIENT_PATH; }
 std::string SwarmctlPath() { return SWARMCTL_PATH; }
@@ -68,7 +65,7 @@ int TimeScale() {
 }
 
 LocalSwarm::LocalSwarm(absl::string_view label, Transport transport)
-    : dir_(MakeTempDir(label)), transport_(transport) {
+    : dir_(MakeTempDir("swarm-it", label)), transport_(transport) {
   absl::StatusOr<security::KeyAndCert> ca =
       security::CreateCa("integration CA");
   if (!ca.ok()) {

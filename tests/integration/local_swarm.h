@@ -23,8 +23,8 @@
 #include "absl/time/time.h"
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
-#include "security/certificates.h"
 #include "rpc/tls.h"
+#include "security/certificates.h"
 #include "tests/integration/process.h"
 
 namespace swarm::testing {
@@ -35,6 +35,12 @@ std::string SwarmctlPath();
 
 // Scales the tests' deadlines: 1 normally, more under sanitizers.
 int TimeScale();
+
+// `message` as indented protobuf JSON (field names as in the .proto).
+std::string ToJson(const google::protobuf::Message& message);
+// A fresh folder <$TMPDIR or /tmp>/<prefix>-<label>-XXXXXX (label made
+// file-name safe).
+std::string MakeTempDir(absl::string_view prefix, absl::string_view label);
 
 struct SiteProcess {
   std::string name;
