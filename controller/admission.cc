@@ -11,7 +11,12 @@ namespace {
 absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
                                         const SiteRecord& site,
                                         const v1::ModelHeader& header) {
-  if (IsTerminal(site.state)) {
+  const Lineage lineage = LineageFromProto(header.lineage());
+  // A site done on a chain that lost goes on with the winner's rounds.
+  const bool reopen =
+      site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value() &&
+      CompareChains(lineage, *site.final_lineage, header.round()) < 0;
+  if (IsTerminal(site.state) && !reopen) {
     return absl::FailedPreconditionError(
         absl::StrCat("job is ", v1::SiteState_Name(site.state)));
   }
@@ -28,7 +33,6 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
         round, " at attempt ", header.attempt(), "; the election chose ",
         elected.empty() ? "nobody" : elected));
   }
-  const Lineage lineage = LineageFromProto(header.lineage());
   if (header.handoff()) {
     // A trainer of the round hands it over: it holds the round's model.
     if (!job.IsTrainer(header.sender())) {
@@ -54,6 +58,10 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
                      " is neither a trainer nor the round's aggregator"));
   }
   Admitted admitted;
+  if (reopen) {
+    admitted.task = TaskVerdict::kSwitch;
+    return admitted;
+  }
   if (!site.last_task_round.has_value()) return admitted;
   const uint32_t held = *site.last_task_round;
   uint32_t differs = 0;
@@ -166,6 +174,31 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
   }
   if (!site.started) {
     return absl::FailedPreconditionError("the job has not started here");
+  }
+  // Final models of a chain that lost to the one this site follows (or
+  // holds the finals of) are refused; a winning chain's replace them.
+  const Lineage chain = LineageFromProto(header.lineage());
+  if (site.last_task_round.has_value()) {
+    uint32_t differs = 0;
+    const uint32_t below =
+        std::min(header.final_round() + 1, *site.last_task_round);
+    if (CompareChains(chain, site.lineage, below, &differs) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          v1::ModelKind_Name(header.kind()), " refused: its chain aggregated ",
+          "round ", differs, " at attempt ", AttemptOf(chain, differs),
+          "; site ", site.self, " follows attempt ",
+          AttemptOf(site.lineage, differs), ", the lower, which wins"));
+    }
+  }
+  if (site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value()) {
+    const int against =
+        CompareChains(chain, *site.final_lineage, header.final_round() + 1);
+    if (against < 0) return Admitted();  // A winning chain's: replace.
+    if (against > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          v1::ModelKind_Name(header.kind()), " refused: site ", site.self,
+          " holds the final models of a chain that wins over it"));
+    }
   }
   if (site.state == v1::SITE_STATE_DONE) {
     // An identical re-send (its acknowledgement was lost) is acknowledged

@@ -42,8 +42,10 @@ struct SiteRecord {
   // The best-so-far record from the learn tasks this site accepted, from its
   // own aggregation, and from the last round's aggregator's final message.
   v1::BestRecord best;
-  // The round of each final model (BEST, LAST) this site stored.
+  // The round of each final model (BEST, LAST) this site stored, and the
+  // chain of its LAST (up to and including the final round).
   std::map<v1::ModelKind, uint32_t> final_rounds;
+  std::optional<Lineage> final_lineage;
 };
 
 // Why the job ends after `round` (its aggregate the last model) although

@@ -557,6 +557,7 @@ class SiteMachine {
   // The final round and attempt of the finals this site sends or received.
   uint32_t final_round_ = 0;
   uint32_t final_attempt_ = 0;
+  Lineage final_chain_;  // The finals' chain, including the final round.
   // The global model in the store (global.safetensors): its round and chain.
   int64_t persisted_global_round_ = -1;
   bool reloaded_ = false;  // This daemon reloaded its job on start.

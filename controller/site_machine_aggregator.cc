@@ -235,6 +235,7 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
                  Extend(closing.lineage, e.round, closing.attempt));
   } else {
     final_attempt_ = closing.attempt;
+    final_chain_ = Extend(closing.lineage, e.round, closing.attempt);
     FinishJob(e.round, std::move(next), closing.best,
               closing.stop_reason.empty() ? "done: every round ran"
                                           : closing.stop_reason);
@@ -274,6 +275,8 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
   // refused or failed result frees its slot: held requests may go on.
   if (start.refused.ok() && !start.header_only) {
     Changed();
+    // Uploading: not silent, however long the upload takes.
+    Heard(round, header.sender(), absl::InfiniteFuture());
   } else {
     PermissionMayChange();
     Heard(round, header.sender(), now);
@@ -380,10 +383,7 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   // Taking a slot turns no other request's RETRY into an answer: a status
   // change only.
   if (decision.code == PermissionCode::kGranted) Changed();
-  if (decision.outcome == v1::OUTCOME_OK) {
-    // Holding a slot (then uploading): not silent, however long it takes.
-    Heard(round, ask.sender(), absl::InfiniteFuture());
-  }
+  if (decision.outcome == v1::OUTCOME_OK) Heard(round, ask.sender(), now_);
   OnRoundReport(round, permission.report);
   return reply;
 }

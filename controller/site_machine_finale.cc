@@ -56,6 +56,7 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
   *header.mutable_best() = best;
   header.set_final_round(final_round_);
   header.set_attempt(final_attempt_);
+  LineageToProto(final_chain_, header.mutable_lineage());
   auto& metadata = *header.mutable_metadata();
   if (!end_reason_.empty()) metadata["end_reason"] = end_reason_;
   metadata["job"] = job_->id();
@@ -164,6 +165,7 @@ void SiteMachine::SendBest(const Broadcast& done,
   *message.share_best.mutable_best() = best;
   message.share_best.set_final_round(final_round_);
   message.share_best.set_attempt(final_attempt_);
+  LineageToProto(final_chain_, message.share_best.mutable_lineage());
   for (const std::string& target : targets) {
     message.share_best.add_targets(target);
   }
@@ -200,6 +202,7 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
   // The holder distributes BEST itself; the reply does not wait for it.
   final_round_ = request.final_round();
   final_attempt_ = request.attempt();
+  final_chain_ = LineageFromProto(request.lineage());
   BroadcastFinal(v1::MODEL_KIND_BEST, best_model_, request.best().round(),
                  request.best(), Broadcast(),
                  std::vector<std::string>(request.targets().begin(),
@@ -218,6 +221,9 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
           job_->AggregatorAt(header.final_round(), header.attempt()) ||
       header.sender() == options_.site) {
     record_.best = header.best();
+    if (header.kind() == v1::MODEL_KIND_LAST) {
+      record_.final_lineage = LineageFromProto(header.lineage());
+    }
     auto reason = header.metadata().find("end_reason");
     if (reason != header.metadata().end()) end_reason_ = reason->second;
   }

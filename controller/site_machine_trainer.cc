@@ -222,7 +222,18 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
     OnHeldTask(header, admitted->task);
     return MakeReply(v1::OUTCOME_OK, admitted->message);
   }
-  if (admitted->task == TaskVerdict::kSwitch) DropLosingChain(header);
+  if (admitted->task == TaskVerdict::kSwitch) {
+    DropLosingChain(header);
+    if (record_.state == v1::SITE_STATE_DONE) {
+      // Done on the losing chain: its final models go (the winner's will
+      // replace the files), and the site takes part again.
+      record_.state = v1::SITE_STATE_IDLE;
+      finals_.clear();
+      record_.final_rounds.clear();
+      record_.final_lineage.reset();
+      end_reason_.clear();
+    }
+  }
   const bool aggregate = header.aggregator() == options_.site;
   const bool train = IsTrainer(options_.site);
   record_.started = true;
@@ -319,8 +330,14 @@ void SiteMachine::TakeOver(const v1::ModelHeader& header) {
 void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
   uint32_t round = 0;
   const Lineage lineage = LineageFromProto(winner.lineage());
-  CompareChains(lineage, record_.lineage,
-                std::min(winner.round(), *record_.last_task_round), &round);
+  const bool done =
+      record_.state == v1::SITE_STATE_DONE && record_.final_lineage.has_value();
+  const Lineage& mine = done ? *record_.final_lineage : record_.lineage;
+  const uint32_t below =
+      record_.last_task_round.has_value() && !done
+          ? std::min(winner.round(), *record_.last_task_round)
+          : winner.round();
+  CompareChains(lineage, mine, below, &round);
   const uint64_t dropped = rounds_.size() + aggregating_.size();
   counters_.set_discarded_aggregates(counters_.discarded_aggregates() + 1);
   ReportError(absl::StrCat("round ", winner.round(),
@@ -328,7 +345,7 @@ void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
               absl::AbortedError(absl::StrCat(
                   "it aggregated round ", round, " at attempt ",
                   AttemptOf(lineage, round), ", this site's chain at attempt ",
-                  AttemptOf(record_.lineage, round), "; the lower wins",
+                  AttemptOf(mine, round), "; the lower wins",
                   dropped > 0 ? absl::StrCat("; dropped ", dropped,
                                              " round(s) this site gathered")
                               : std::string())));

@@ -550,9 +550,12 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
   job.set_starting_site("site-1");
   job.set_num_rounds(kRounds);
   job.set_seed(7);
-  // Rounds wait for mallory (it closes them by giving up).
+  // Rounds wait for mallory (it closes them by giving up). Its hand-made
+  // client never probes its aggregator, so the silence rule (two failover
+  // timeouts) must not drop it first.
   job.set_wait_after_min_responses_ms(120000);
   job.set_round_timeout_ms(120000);
+  job.set_failover_timeout_ms(120000);
   job.set_max_concurrent_submissions(1);
   job.set_request_to_submit_interval_ms(100);
   job.set_request_to_submit_max_wait_ms(60000);
