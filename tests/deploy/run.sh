@@ -239,7 +239,9 @@ timeout 240 tail --pid="$operator_pid" -f /dev/null || fail "the job did not end
 wait "$operator_pid" || code=$?
 echo "the job ended $((SECONDS - t_stop))s after site-3 was stopped"
 [ "$code" = 1 ] || { cat "$WORK/stop-operator.log" >&2; fail "swarmctl status exited $code, expected 1 (a site unreachable)"; }
-tail -5 "$WORK/stop-operator.log" >"$WORK/stop-final.log"
+# The last table (its rows are followed by each site's events).
+awk '/^SITE /{table=""} {table=table $0 "\n"} END{printf "%s", table}' \
+  "$WORK/stop-operator.log" >"$WORK/stop-final.log"
 grep -qE "^site-1 +done " "$WORK/stop-final.log" || fail "site-1 did not finish: $(cat "$WORK/stop-final.log")"
 grep -qE "^site-2 +done " "$WORK/stop-final.log" || fail "site-2 did not finish: $(cat "$WORK/stop-final.log")"
 grep -qE "^site-3 +unreachable " "$WORK/stop-final.log" || fail "site-3 not reported unreachable"
