@@ -236,6 +236,7 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   }
   const bool aggregate = header.aggregator() == options_.site;
   const bool train = IsTrainer(options_.site);
+  const bool first = !record_.last_task_round.has_value();
   record_.started = true;
   record_.last_task_round = header.round();
   record_.round_aggregator = header.aggregator();
@@ -246,7 +247,13 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   record_.recovered = false;
   current_global_ = model;
   PermissionMayChange();
-  PersistState();
+  // The state file tells a restarted daemon that it is in this job (and on
+  // which chain): written at the first task, a rejoin, and a failed-over
+  // chain, not on every round (a file sync per trainer per round). A later
+  // task than the one written is taken as new after a restart anyway.
+  if (first || rejoined || header.attempt() > 0 || header.lineage_size() > 0) {
+    PersistState();
+  }
   if (rejoined) {
     counters_.set_rejoins(counters_.rejoins() + 1);
     SWARM_LOG_INFO("round %d: rejoined the job after a restart",
