@@ -473,10 +473,12 @@ class SiteMachine {
   // Aggregator role (site_machine_aggregator.cc).
   void OpenRound(const v1::ModelHeader& header,
                  std::shared_ptr<const Model> base);
-  // Whether `lineage` (a request's chain for `round`) is the chain of the
-  // round gathered here; REJECTED / RETRY reply otherwise.
+  // Whether `sender`'s call for `asked_round`, on chain `lineage`, is on the
+  // chain of `round` gathered here (then `sender` was heard from); the
+  // REJECTED / RETRY reply otherwise.
   std::optional<v1::SubmitPermissionReply> CheckChain(
-      uint32_t round, const v1::SubmitPermissionRequest& ask);
+      uint32_t round, uint32_t asked_round, const std::string& sender,
+      const google::protobuf::RepeatedPtrField<v1::RoundAttempt>& lineage);
   void DropSilentTrainers(uint32_t round);
   void OnRoundReport(uint32_t round, const RoundReport& report);
   AggregationRound* GatheringRound(uint32_t round);

@@ -25,12 +25,13 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
     // round's task: expect every trainer but the aggregators given up on,
     // and drop those that do not come forward within the failover bounds.
     task.clear_expected_trainers();
+    const std::vector<std::string> order = job_->ElectionOrder(round);
+    const auto given_up =
+        order.begin() + std::min<size_t>(header.attempt(), order.size());
     for (const std::string& trainer : job_->trainers()) {
-      bool failed = false;
-      for (uint32_t k = 0; k < header.attempt(); ++k) {
-        failed = failed || job_->AggregatorAt(round, k) == trainer;
+      if (std::find(order.begin(), given_up, trainer) == given_up) {
+        task.add_expected_trainers(trainer);
       }
-      if (!failed) task.add_expected_trainers(trainer);
     }
   }
   gathering.opened = now_;
@@ -93,13 +94,14 @@ void SiteMachine::Heard(uint32_t round, const std::string& trainer,
 }
 
 std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
-    uint32_t round, const v1::SubmitPermissionRequest& ask) {
+    uint32_t round, uint32_t asked_round, const std::string& sender,
+    const google::protobuf::RepeatedPtrField<v1::RoundAttempt>& chain) {
   auto info = gathering_.find(round);
-  if (info == gathering_.end() || ask.round() != round) return std::nullopt;
-  const Lineage lineage = LineageFromProto(ask.lineage());
+  if (info == gathering_.end() || asked_round != round) return std::nullopt;
+  const Lineage lineage = LineageFromProto(chain);
   const int chains = CompareChains(lineage, info->second.lineage, round);
   if (chains == 0) {
-    absl::Time& heard = info->second.heard[ask.sender()];
+    absl::Time& heard = info->second.heard[sender];
     if (heard != absl::InfiniteFuture()) heard = now_;
     return std::nullopt;
   }
@@ -259,16 +261,10 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
         header.round(), ")"));
   }
   const uint32_t round = target->round();
-  if (header.round() == round) {
-    v1::SubmitPermissionRequest ask;
-    ask.set_round(header.round());
-    ask.set_sender(header.sender());
-    *ask.mutable_lineage() = header.lineage();
-    if (std::optional<v1::SubmitPermissionReply> refused =
-            CheckChain(round, ask);
-        refused.has_value()) {
-      return absl::FailedPreconditionError(refused->message());
-    }
+  if (std::optional<v1::SubmitPermissionReply> refused =
+          CheckChain(round, header.round(), header.sender(), header.lineage());
+      refused.has_value()) {
+    return absl::FailedPreconditionError(refused->message());
   }
   AggregationRound::ResultStart start = target->BeginResult(header, now);
   // The upload starts on a slot already taken: a status change only. A
@@ -360,7 +356,8 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
     return reply;
   }
   const uint32_t round = target->round();
-  if (std::optional<v1::SubmitPermissionReply> refused = CheckChain(round, ask);
+  if (std::optional<v1::SubmitPermissionReply> refused =
+          CheckChain(round, ask.round(), ask.sender(), ask.lineage());
       refused.has_value()) {
     return *refused;
   }

@@ -304,8 +304,11 @@ void SiteMachine::OnHeldTask(const v1::ModelHeader& header,
 
 void SiteMachine::TakeOver(const v1::ModelHeader& header) {
   const uint32_t round = header.round();
-  NoteFailover(round, record_.round_aggregator, options_.site,
-               absl::StrCat("handed over by ", header.sender()));
+  // A site that failed over to itself noted it already (FailOver).
+  if (header.sender() != options_.site) {
+    NoteFailover(round, record_.round_aggregator, options_.site,
+                 absl::StrCat("handed over by ", header.sender()));
+  }
   counters_.set_rounds_taken_over(counters_.rounds_taken_over() + 1);
   record_.round_aggregator = options_.site;
   record_.attempt = header.attempt();
