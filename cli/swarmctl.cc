@@ -2,6 +2,7 @@
 //
 //   swarmctl start  --job job.json [--wait-healthy SECONDS]
 //   swarmctl status --job job.json [--watch] [--interval-ms 500]
+//                   [--down-after-ms 30000]
 //   swarmctl abort  --job job.json [--reason TEXT]
 //   swarmctl fetch  --site HOST:PORT --which best|last --out FILE [--job-id ID]
 //   swarmctl provision --out DIR --job job.json [--admin NAME]... [--site
@@ -20,6 +21,7 @@
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +32,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -77,7 +80,13 @@ constexpr char kUsage[] =
     "usage:\n"
     "  swarmctl start  --job job.json [--wait-healthy SECONDS]\n"
     "  swarmctl resume --job job.json   (after the sites restarted)\n"
-    "  swarmctl status --job job.json [--watch] [--interval-ms 500]\n"
+    "  swarmctl status --job job.json [--watch] [--interval-ms 500] "
+    "[--down-after-ms 30000]\n"
+    "      (--watch ends when every site is done (exit 0), or ended with "
+    "some failed\n"
+    "       or aborted (exit 1), or some are unreachable for --down-after-ms "
+    "and the\n"
+    "       others ended (exit 3))\n"
     "  swarmctl abort  --job job.json [--reason TEXT]\n"
     "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
     "[--job-id ID]\n"
@@ -235,6 +244,52 @@ int ConfigureAll(const v1::JobConfig& job) {
   return 0;
 }
 
+// How long a start may take to get the first round's learn tasks out: the
+// trainers' tasks (each call retried while it fails), then the aggregator's,
+// failing over through every candidate in the worst case.
+absl::Duration StartTimeout(const v1::JobConfig& job) {
+  const absl::Duration ack = absl::Milliseconds(job.learn_task_ack_timeout_ms());
+  const absl::Duration failover =
+      absl::Milliseconds(job.failover_timeout_ms());
+  const int candidates = std::max(job.aggregator_candidates_size(), 1);
+  return kCallTimeout + 2 * ack + candidates * (failover + ack);
+}
+
+// Sends Start (or a resume) to `to`, which answers once the first round's
+// learn tasks are out. Exit code: 0 when every trainer and the aggregator
+// got its task, 1 naming the ones that did not (the job goes on without
+// them that round) or why the start failed.
+int SendStart(const v1::JobConfig& job, const v1::SiteInfo& to, bool resume) {
+  grpc::ClientContext context;
+  SetDeadline(&context, StartTimeout(job));
+  v1::StartRequest request;
+  request.set_sender(Sender());
+  request.set_job_id(job.job_id());
+  request.set_resume(resume);
+  v1::Reply reply;
+  grpc::Status status = StubFor(to.address())->Start(&context, request, &reply);
+  const char* verb = resume ? "resume" : "start";
+  if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
+    Complain(
+        "swarmctl: %s did not %s the job: %s\n", SiteLabel(to).c_str(), verb,
+        status.ok() ? reply.message().c_str() : status.error_message().c_str());
+    return 1;
+  }
+  std::printf("job %s %s on %s; %s\n", job.job_id().c_str(),
+              resume ? "resumed" : "started", SiteLabel(to).c_str(),
+              reply.message().c_str());
+  if (reply.not_reached_size() == 0) return 0;
+  for (const std::string& site : reply.not_reached()) {
+    Complain("swarmctl: the first round's learn task did not reach %s\n",
+             site.c_str());
+  }
+  Complain(
+      "swarmctl: job %s runs without those sites this round (they take part "
+      "again from a later round's task if they come back)\n",
+      job.job_id().c_str());
+  return 1;
+}
+
 int Start(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
@@ -267,24 +322,8 @@ int Start(const Args& args) {
     }
   }
   if (int code = ConfigureAll(*job); code != 0) return code;
-  const v1::SiteInfo* starter = FindSite(*job, job->starting_site());
-  grpc::ClientContext context;
-  SetDeadline(&context, kCallTimeout);
-  v1::StartRequest request;
-  request.set_sender(Sender());
-  request.set_job_id(job->job_id());
-  v1::Reply reply;
-  grpc::Status status =
-      StubFor(starter->address())->Start(&context, request, &reply);
-  if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
-    Complain(
-        "swarmctl: %s did not start the job: %s\n", SiteLabel(*starter).c_str(),
-        status.ok() ? reply.message().c_str() : status.error_message().c_str());
-    return 1;
-  }
-  std::printf("job %s started on %s\n", job->job_id().c_str(),
-              SiteLabel(*starter).c_str());
-  return 0;
+  return SendStart(*job, *FindSite(*job, job->starting_site()),
+                   /*resume=*/false);
 }
 
 // After the sites restarted (a power cut, a redeploy): every site is sent
@@ -336,24 +375,9 @@ int Resume(const Args& args) {
         job->job_id().c_str());
     return 1;
   }
-  grpc::ClientContext context;
-  SetDeadline(&context, kCallTimeout);
-  v1::StartRequest request;
-  request.set_sender(Sender());
-  request.set_job_id(job->job_id());
-  request.set_resume(true);
-  v1::Reply reply;
-  grpc::Status status =
-      StubFor(from->address())->Start(&context, request, &reply);
-  if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
-    Complain(
-        "swarmctl: %s did not resume the job: %s\n", SiteLabel(*from).c_str(),
-        status.ok() ? reply.message().c_str() : status.error_message().c_str());
-    return 1;
-  }
-  std::printf("job %s resumed at round %lld from %s\n", job->job_id().c_str(),
+  std::printf("resuming job %s at round %lld from %s\n", job->job_id().c_str(),
               static_cast<long long>(latest), SiteLabel(*from).c_str());
-  return 0;
+  return SendStart(*job, *from, /*resume=*/true);
 }
 
 std::string StateName(v1::SiteState state) {
@@ -369,7 +393,8 @@ std::string StateName(v1::SiteState state) {
 struct StatusTable {
   std::string text;
   int done = 0;
-  int failed = 0;
+  int failed = 0;  // Failed or aborted.
+  std::vector<std::string> unreachable;
 };
 
 constexpr char kStatusRow[] = "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n";
@@ -442,7 +467,7 @@ StatusTable PollStatus(
     if (!status.ok()) {
       absl::StrAppendFormat(&table.text, kStatusRow, site.name(), "unreachable",
                             "-", "-", "-", "-", "-", status.error_message());
-      ++table.failed;
+      table.unreachable.push_back(site.name());
       continue;
     }
     const v1::SiteStatus& s = reply.status();
@@ -473,24 +498,52 @@ int Status(const Args& args) {
   for (const v1::SiteInfo& site : job->sites()) {
     stubs[site.name()] = StubFor(site.address());
   }
+  int down_after_ms = 30000;
+  if (args.values.count("down-after-ms") > 0 &&
+      (!absl::SimpleAtoi(args.values.at("down-after-ms"), &down_after_ms) ||
+       down_after_ms < 0)) {
+    Complain("swarmctl: --down-after-ms must be a non-negative integer\n");
+    return 2;
+  }
+  // When each unreachable site was first seen so (a restart is not down).
+  std::map<std::string, absl::Time> unreachable_since;
   std::string last_text;
   while (true) {
     const StatusTable table = PollStatus(*job, stubs);
+    const absl::Time now = absl::Now();
+    std::map<std::string, absl::Time> still;
+    int down = 0;
+    for (const std::string& name : table.unreachable) {
+      auto it = unreachable_since.find(name);
+      still[name] = it == unreachable_since.end() ? now : it->second;
+      if (now - still[name] >= absl::Milliseconds(down_after_ms)) ++down;
+    }
+    unreachable_since = std::move(still);
     if (!args.changes_only || table.text != last_text) {
       std::printf("%s", table.text.c_str());
       if (args.watch) std::printf("\n");
       last_text = table.text;
     }
     const int sites = job->sites_size();
-    if (!args.watch) return table.failed > 0 ? 1 : 0;
+    const int unreachable = static_cast<int>(table.unreachable.size());
+    if (!args.watch) return table.failed + unreachable > 0 ? 1 : 0;
     if (table.done == sites) {
       std::printf("job %s done on every site\n", job->job_id().c_str());
       return 0;
     }
-    if (table.done + table.failed == sites && table.failed > 0) {
-      std::printf("job %s ended with %d site(s) failed or aborted\n",
-                  job->job_id().c_str(), table.failed);
-      return 1;
+    if (table.done + table.failed + down == sites) {
+      if (table.failed > 0) {
+        std::printf("job %s ended with %d site(s) failed or aborted%s\n",
+                    job->job_id().c_str(), table.failed,
+                    down > 0 ? absl::StrCat(" and ", down, " down").c_str()
+                             : "");
+        return 1;
+      }
+      std::printf("job %s ended on every reachable site; %d site(s) down "
+                  "(unreachable for %d ms): %s\n",
+                  job->job_id().c_str(), down, down_after_ms,
+                  absl::StrJoin(table.unreachable, ", ").c_str());
+      return 3;
     }
     std::fflush(stdout);
     absl::SleepFor(absl::Milliseconds(interval_ms));  // operator display only

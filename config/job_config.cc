@@ -116,6 +116,9 @@ v1::JobConfig WithDefaults(v1::JobConfig c) {
   if (c.failover_attempts() == 0) {
     c.set_failover_attempts(kDefaultFailoverAttempts);
   }
+  c.set_start_timeout_ms(
+      fill(c.start_timeout_ms(),
+           c.round_timeout_ms() + c.learn_task_ack_timeout_ms()));
   if (c.aggregation_method() == v1::AGGREGATION_TRIMMED_MEAN &&
       c.trim_fraction() == 0) {
     c.set_trim_fraction(kDefaultTrimFraction);
@@ -226,6 +229,7 @@ void CheckRoundsAndDurations(const v1::JobConfig& c,
       {"final_result_ack_timeout_ms", c.final_result_ack_timeout_ms()},
       {"learn_task_ack_timeout_ms", c.learn_task_ack_timeout_ms()},
       {"failover_timeout_ms", c.failover_timeout_ms()},
+      {"start_timeout_ms", c.start_timeout_ms()},
   };
   for (const auto& d : durations) {
     if (d.value > kMaxDurationMs) {

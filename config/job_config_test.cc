@@ -485,6 +485,7 @@ TEST(WithDefaultsTest, KeepsSetFieldsAndIsIdempotent) {
   config.set_learn_task_ack_timeout_ms(13);
   config.set_failover_timeout_ms(14);
   config.set_failover_attempts(2);
+  config.set_start_timeout_ms(21);
   config.set_metric_name("loss");
   config.set_chunk_size(8192);
   config.set_max_model_bytes(4096);
@@ -523,6 +524,7 @@ constexpr char kFullConfig[] = R"({
   "failover_attempts": 4,
   "stop_at_metric": 0.25,
   "stop_patience_rounds": 2,
+  "start_timeout_ms": 900000,
   "aggregation_method": "AGGREGATION_TRIMMED_MEAN",
   "trim_fraction": 0.2,
   "metric_name": "loss",
@@ -565,6 +567,7 @@ TEST(LoadJobConfigTest, FullConfigRoundTrip) {
   EXPECT_EQ(config.failover_attempts(), 4u);
   EXPECT_EQ(config.stop_at_metric(), 0.25);
   EXPECT_EQ(config.stop_patience_rounds(), 2u);
+  EXPECT_EQ(config.start_timeout_ms(), 900000u);
   EXPECT_EQ(config.aggregation_method(), v1::AGGREGATION_TRIMMED_MEAN);
   EXPECT_EQ(config.trim_fraction(), 0.2);
   EXPECT_EQ(config.metric_name(), "loss");

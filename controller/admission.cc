@@ -16,10 +16,7 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
   const bool reopen =
       site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value() &&
       CompareChains(lineage, *site.final_lineage, header.round()) < 0;
-  if (IsTerminal(site.state) && !reopen) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job is ", v1::SiteState_Name(site.state)));
-  }
+  if (IsTerminal(site.state) && !reopen) return JobEndedHere(site);
   const uint32_t round = header.round();
   if (!job.HasRound(round)) {
     return absl::InvalidArgumentError(
@@ -216,10 +213,7 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
         "job ", job.id(), " is done here; ", v1::ModelKind_Name(header.kind()),
         " of round ", header.round(), " refused"));
   }
-  if (IsTerminal(site.state)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job is ", v1::SiteState_Name(site.state)));
-  }
+  if (IsTerminal(site.state)) return JobEndedHere(site);
   return Admitted();
 }
 
@@ -251,6 +245,15 @@ std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
 bool IsTerminal(v1::SiteState state) {
   return state == v1::SITE_STATE_DONE || state == v1::SITE_STATE_FAILED ||
          state == v1::SITE_STATE_ABORTED;
+}
+
+absl::Status JobEndedHere(const SiteRecord& site) {
+  const std::string why = absl::StrCat("job is ", v1::SiteState_Name(site.state),
+                                       " at ", site.self);
+  if (site.state == v1::SITE_STATE_DONE) {
+    return absl::FailedPreconditionError(why);
+  }
+  return absl::CancelledError(why);
 }
 
 absl::Status CheckJobId(const JobView* job, absl::string_view self,

@@ -57,6 +57,14 @@ std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
 // Whether `state` ends the job at this site.
 bool IsTerminal(v1::SiteState state);
 
+// Why a site whose job ended (REQUIRES: IsTerminal(site.state)) refuses a
+// call: FailedPrecondition when the job is done there, Cancelled when it
+// failed or was aborted there. ReplyFromStatus turns the latter into
+// OUTCOME_ABORTED, on which a trainer or a scatterer fails the round over
+// to the next backup (design section 6) instead of waiting for a site that
+// will never aggregate.
+absl::Status JobEndedHere(const SiteRecord& site);
+
 // What an admitted learn task is to this site.
 enum class TaskVerdict {
   kNew,       // A later round of this site's chain (or its first task).

@@ -1,6 +1,7 @@
 // Single-site step tests of Admission: one header in, one verdict out, for
 // each rule of design sections 3 and 6 that an incoming stream must pass.
 #include "controller/admission.h"
+#include "controller/replies.h"
 
 #include <string>
 #include <vector>
@@ -168,9 +169,16 @@ TEST_F(AdmissionTest, LearnTaskAfterTheJobEndedIsRefused) {
     SiteRecord site = Started("a");
     site.state = state;
     absl::StatusOr<Admitted> refused = Admit(site, LearnTask(0));
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    // A failed or aborted site answers CANCELLED (OUTCOME_ABORTED): its
+    // senders pass it over for the round's next backup.
+    EXPECT_EQ(refused.status().code(),
+              state == v1::SITE_STATE_DONE ? absl::StatusCode::kFailedPrecondition
+                                           : absl::StatusCode::kCancelled);
+    EXPECT_EQ(ReplyFromStatus(refused.status()).outcome(),
+              state == v1::SITE_STATE_DONE ? v1::OUTCOME_REJECTED
+                                           : v1::OUTCOME_ABORTED);
     EXPECT_THAT(refused.status().message(),
-                HasSubstr("job is " + v1::SiteState_Name(state)));
+                HasSubstr("job is " + v1::SiteState_Name(state) + " at a"));
   }
 }
 
@@ -291,7 +299,7 @@ TEST_F(AdmissionTest, FinalModelsOnlyWhileTheJobRuns) {
 
   site.state = v1::SITE_STATE_ABORTED;
   EXPECT_EQ(Admit(site, Stream(v1::MODEL_KIND_LAST, last, 3)).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kCancelled);
 }
 
 TEST_F(AdmissionTest, OtherKindsAreNeverSentToASite) {

@@ -91,6 +91,10 @@ absl::Duration JobView::request_to_submit_message_timeout() const {
 absl::Duration JobView::round_timeout() const {
   return Millis(job_.round_timeout_ms());
 }
+absl::Duration JobView::start_timeout() const {
+  return Millis(job_.start_timeout_ms());
+}
+
 absl::Duration JobView::failover_timeout() const {
   return Millis(job_.failover_timeout_ms());
 }

@@ -72,6 +72,7 @@ class JobView {
   absl::Duration round_timeout() const;
   absl::Duration wait_after_min_responses() const;
   absl::Duration failover_timeout() const;
+  absl::Duration start_timeout() const;
   uint32_t failover_attempts() const { return job_.failover_attempts(); }
 
  private:

@@ -4,7 +4,10 @@
 // every other site with exact aggregates (nothing accepted is lost) and
 // identical final models, in bounded virtual time.
 #include <cstdio>
+#include <filesystem>
 #include <tuple>
+
+#include <unistd.h>
 
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
@@ -309,6 +312,111 @@ TEST(SimTest, TrainerDeadMidRoundIsDroppedWithinTwoFailoverTimeouts) {
   const v1::SiteStatus aggregator = sim.Status(sim.Index(sim.Aggregator(1)));
   EXPECT_EQ(aggregator.counters().trainers_dropped(), 1u);
   ExpectExactAmong(sim, alive, /*cut=*/1);
+}
+
+// Disk faults (issue 11, item 6), through FaultInjectionModelStore and a
+// real offload directory that goes away.
+
+// A site whose workspace is full fails at its first write (the state file
+// at its first learn task), naming the path; the job goes on without it,
+// including the round it was elected to aggregate, with exact aggregates.
+TEST(DiskFaultTest, TrainerWithAFullWorkspaceLeavesAndTheOthersFinish) {
+  SimConfig config = Config(5, 4);
+  Sim probe(config);
+  const uint32_t round = RoundToBreak(probe);
+  ASSERT_LT(round, probe.rounds()) << "change the seed";
+  const int full = probe.Index(probe.Aggregator(round));
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == full ? 4 : 1;
+  };
+  Sim sim(config);
+  sim.Configure();
+  sim.disk(full).FailWrites(absl::ResourceExhaustedError(
+      "write /ws/jobs/sim/state.json: No space left on device"));
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  const v1::SiteStatus failed = sim.Status(full);
+  EXPECT_EQ(failed.state(), v1::SITE_STATE_FAILED);
+  EXPECT_THAT(failed.last_error(), HasSubstr("saving"));
+  EXPECT_THAT(failed.last_error(), HasSubstr("/ws/jobs/sim/state.json"));
+  EXPECT_THAT(failed.end_reason(), HasSubstr("No space left on device"));
+  EXPECT_GT(sim.disk(full).failed_writes(), 0);
+  const std::vector<int> alive = Without(AllSites(sim), full);
+  for (int i : alive) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << sim.Status(i).last_error();
+  }
+  // The round it was elected for went to the backup.
+  int saw = 0;
+  for (int i : alive) {
+    const v1::SiteStatus status = sim.Status(i);
+    for (const v1::Failover& f : status.failovers()) {
+      if (f.round() == round && f.from() == Sim::Name(full)) ++saw;
+    }
+  }
+  EXPECT_GT(saw, 0);
+  ExpectExactAmong(sim, alive, /*cut=*/0);
+}
+
+// The aggregator's offload directory disappears while it gathers (a disk
+// unmounted, a cleanup gone wrong): the next result cannot be stored. That
+// result is not refused as the trainer's fault nor RETRY forever: the
+// aggregator fails naming the path, and the round moves to the backup with
+// every result (the trainers kept theirs).
+TEST(DiskFaultTest, AggregatorWhoseOffloadDiskFailsWhileGatheringIsPassedOver) {
+  const int sites = 5;
+  SimConfig config =
+      Config(sites, 5, [](v1::JobConfig* job) { job->set_disk_offload(true); });
+  Sim probe(config);
+  const uint32_t round = RoundToBreak(probe);
+  ASSERT_LT(round, probe.rounds()) << "change the seed";
+  const int broken = probe.Index(probe.Aggregator(round));
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == broken ? static_cast<uint64_t>(sites - 1) : 1;
+  };
+  Sim sim(config);
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) /
+      absl::StrCat("swarm-disk-fault-", getpid());
+  std::filesystem::remove_all(root);
+  for (int i = 0; i < sim.size(); ++i) {
+    const std::filesystem::path dir = root / Sim::Name(i);
+    std::filesystem::create_directories(dir);
+    sim.disk(i).set_offload_dir(dir.string());
+  }
+  const std::string name = Sim::Name(broken);
+  const std::filesystem::path gone = root / name;
+  int seen = 0;
+  bool removed = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (!removed && call.kind == CallKind::kSubmitResult &&
+        call.round == round && call.to == name && ++seen == 2) {
+      removed = true;
+      std::filesystem::remove_all(gone);
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(removed) << "round " << round << " never got a second result";
+  const v1::SiteStatus failed = sim.Status(broken);
+  EXPECT_EQ(failed.state(), v1::SITE_STATE_FAILED);
+  EXPECT_THAT(failed.last_error(), HasSubstr("storing the result"));
+  EXPECT_THAT(failed.last_error(), HasSubstr(gone.string()));
+  const std::vector<int> alive = Without(AllSites(sim), broken);
+  for (int i : alive) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << sim.Status(i).last_error();
+  }
+  EXPECT_THAT(sim.Status(sim.Index(ElectionOrder(sim.job(), round).at(1)))
+                  .counters()
+                  .rounds_taken_over(),
+              Gt(0u));
+  // Nothing accepted is lost: the result the broken aggregator had stored
+  // before its disk went, and the one it could not store, are in the
+  // backup's aggregate (only the broken site's own result is not).
+  ExpectExactAmong(sim, alive, round);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

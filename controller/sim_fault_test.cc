@@ -319,10 +319,11 @@ TEST(SimTest, AbortStopsEveryActivityPromptly) {
   }
 }
 
-TEST(SimTest, AbortedAggregatorRefusesResultsAndPermissions) {
+TEST(SimTest, AbortedAggregatorIsPassedOverAndTheOthersFinish) {
   // Only the aggregator of round 1 is aborted, in the middle of its round:
   // the other sites' requests are answered ABORTED, nothing more is
-  // aggregated there, and the trainers do not hang.
+  // aggregated there, and its trainers take the round to the next backup
+  // (as from a dead aggregator) and finish the job without it.
   Sim sim(Config(5, 3));
   sim.Configure();
   sim.Start();
@@ -334,12 +335,22 @@ TEST(SimTest, AbortedAggregatorRefusesResultsAndPermissions) {
   sim.runner().RunUntilIdle();
   EXPECT_EQ(sim.Status(aggregator).state(), v1::SITE_STATE_ABORTED);
   EXPECT_EQ(sim.Status(aggregator).counters().results_accepted(), accepted);
+  std::shared_ptr<const Model> last;
+  int failed_over = 0;
   for (int i = 0; i < sim.size(); ++i) {
-    const v1::SiteState state = sim.Status(i).state();
-    EXPECT_NE(state, v1::SITE_STATE_DONE) << Sim::Name(i);
-    EXPECT_NE(state, v1::SITE_STATE_WAITING_FOR_PERMISSION) << Sim::Name(i);
-    EXPECT_NE(state, v1::SITE_STATE_SUBMITTING) << Sim::Name(i);
+    if (i == aggregator) continue;
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+    for (const v1::Failover& f : status.failovers()) {
+      if (f.round() == 1 && f.from() == sim.Aggregator(1)) ++failed_over;
+    }
+    std::shared_ptr<const Model> mine = sim.Final(i, v1::MODEL_KIND_LAST);
+    ASSERT_NE(mine, nullptr) << Sim::Name(i);
+    if (last == nullptr) last = mine;
+    EXPECT_EQ(mine->tensor_data(0), last->tensor_data(0)) << Sim::Name(i);
   }
+  EXPECT_GT(failed_over, 0) << "round 1 never left the aborted aggregator";
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "config/election.h"
 #include "config/job_config.h"
 #include "controller/fake_network.h"
+#include "controller/fault_injection_model_store.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
 #include "controller/task_runner.h"
@@ -205,9 +206,10 @@ class Sim {
       controller_options.site = site->name;
       controller_options.retry.attempts = config_.call_attempts;
       controller_options.jitter_seed = static_cast<uint64_t>(i) + 1;
+      site->disk = std::make_unique<FaultInjectionModelStore>(&site->store);
       site->controller = std::make_unique<SiteDriver>(
           controller_options, network_->TransportFor(site->name),
-          site->learner.get(), &site->store, runner);
+          site->learner.get(), site->disk.get(), runner);
       network_->AddSite(site->name, site->controller.get());
       sites_.push_back(std::move(site));
     }
@@ -232,6 +234,8 @@ class Sim {
   SiteDriver& controller(int i) { return *sites_[i]->controller; }
   RecordingLearner& learner(int i) { return *sites_[i]->learner; }
   MemoryModelStore& store(int i) { return sites_[i]->store; }
+  // The site's store as its driver sees it: inject disk faults here.
+  FaultInjectionModelStore& disk(int i) { return *sites_[i]->disk; }
   FakeNetwork& network() { return *network_; }
   ManualRunner& runner() { return runner_; }
   const v1::JobConfig& job() const { return job_; }
@@ -250,13 +254,23 @@ class Sim {
       ASSERT_EQ(reply.outcome(), v1::OUTCOME_OK) << reply.message();
     }
   }
+  // Sends Start; its answer (once the first round's tasks are out) lands in
+  // start_reply().
   void Start() {
     v1::StartRequest request;
     request.set_sender("operator");
     request.set_job_id(kJobId);
-    const v1::Reply reply =
-        controller(Index(job_.starting_site())).Start(request);
-    ASSERT_EQ(reply.outcome(), v1::OUTCOME_OK) << reply.message();
+    start_reply_ = std::make_shared<StartReply>();
+    controller(Index(job_.starting_site()))
+        .Start(request, [reply = start_reply_](v1::Reply answer) {
+          absl::MutexLock lock(&reply->mu);
+          reply->reply = std::move(answer);
+        });
+  }
+  // The answer to the last Start, if it came. REQUIRES: Start() called.
+  std::optional<v1::Reply> start_reply() const {
+    absl::MutexLock lock(&start_reply_->mu);
+    return start_reply_->reply;
   }
   // Configure, start and (virtual time) run until nothing is left to do.
   void RunJob() {
@@ -333,12 +347,18 @@ class Sim {
     std::string name;
     std::unique_ptr<RecordingLearner> learner;
     MemoryModelStore store;
+    std::unique_ptr<FaultInjectionModelStore> disk;  // Over `store`.
     std::unique_ptr<ThreadPoolRunner> pool;
     std::unique_ptr<SiteDriver> controller;
   };
 
+  struct StartReply {
+    absl::Mutex mu;
+    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
+  };
   SimConfig config_;
   v1::JobConfig job_;
+  std::shared_ptr<StartReply> start_reply_;
   ManualRunner runner_;
   std::unique_ptr<FakeNetwork> network_;
   std::vector<std::unique_ptr<Site>> sites_;

@@ -104,6 +104,54 @@ void SiteDriver::Feed(Event event, RequestId request, Answer answer) {
   Carry(effects);
 }
 
+absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::LoadKeptRound(
+    uint32_t round) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (machine_.job() == nullptr) {
+      return absl::FailedPreconditionError("no job configured");
+    }
+    job_id = machine_.job()->id();
+  }
+  absl::StatusOr<std::shared_ptr<const Model>> kept =
+      store_->LoadRound(job_id, round);
+  if (kept.ok()) return kept;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "start_round ", round, ": site ", options_.site,
+      " holds no global model of round ", round, " of job ", job_id, " (",
+      kept.status().message(),
+      "); a job run with keep_round_models keeps one per round. Start from "
+      "round 0, or continue a stopped job with swarmctl resume"));
+}
+
+v1::Reply SiteDriver::AskAndWait(Event event, RequestId request,
+                                 absl::Time deadline) {
+  struct Waiting {
+    absl::Mutex mu;
+    std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
+  };
+  auto waiting = std::make_shared<Waiting>();
+  Feed(std::move(event), request, [waiting](effect::Reply& r) {
+    absl::MutexLock lock(&waiting->mu);
+    waiting->reply = std::get<v1::Reply>(std::move(r.answer));
+  });
+  std::optional<v1::Reply> reply;
+  {
+    absl::MutexLock lock(&waiting->mu);
+    auto answered = [&waiting]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(waiting->mu) {
+      return waiting->reply.has_value();
+    };
+    waiting->mu.AwaitWithDeadline(absl::Condition(&answered), deadline);
+    reply = std::move(waiting->reply);
+  }
+  if (reply.has_value()) return *std::move(reply);
+  Forget(request);  // A late answer goes nowhere.
+  return MakeReply(v1::OUTCOME_RETRY,
+                   "the first round's learn tasks were not all out before the "
+                   "call's deadline; the start goes on (see swarmctl status)");
+}
+
 v1::Reply SiteDriver::Ask(Event event, RequestId request) {
   std::optional<v1::Reply> reply;
   Feed(std::move(event), request, [&reply](effect::Reply& r) {
@@ -137,10 +185,15 @@ void SiteDriver::Carry(Effects& effects) {
       absl::MutexLock lock(&mu_);
       if (training_cancel_ != nullptr) *training_cancel_ = true;
       training_cancel_.reset();
-    } else if (std::holds_alternative<effect::LoadInitialModel>(effect)) {
-      runner_->Post([this] {
-        absl::StatusOr<Model> initial = learner_->InitialModel();
+    } else if (auto* load = std::get_if<effect::LoadInitialModel>(&effect)) {
+      runner_->Post([this, kept_round = load->kept_round] {
         event::InitialModel done;
+        if (kept_round.has_value()) {
+          done.model = LoadKeptRound(*kept_round);
+          Feed(std::move(done));
+          return;
+        }
+        absl::StatusOr<Model> initial = learner_->InitialModel();
         if (initial.ok()) {
           done.model = std::make_shared<const Model>(std::move(*initial));
         } else {

@@ -71,9 +71,18 @@ class SiteDriver {
   // id, "" when there was none. REQUIRES: no job configured yet.
   absl::StatusOr<std::string> RecoverJob();
 
-  // --- Operator calls (answered at once) ---
+  // --- Operator calls (answered at once, but Start) ---
   v1::Reply Configure(const v1::ConfigureRequest& request);
-  v1::Reply Start(const v1::StartRequest& request);
+  // Start (or resume) answers once the first round's aggregator has its
+  // learn task, listing the trainers the task did not reach; the machine
+  // bounds that wait (the scatter's retries and failover timeout), and
+  // `deadline` (the call's) bounds it here. It parks the calling thread:
+  // an operator call, rare and one at a time.
+  v1::Reply Start(const v1::StartRequest& request, absl::Time deadline);
+  // The same without waiting: `done` gets the answer when it comes (from
+  // whichever thread steps the machine then).
+  void Start(const v1::StartRequest& request,
+             std::function<void(v1::Reply)> done);
   v1::Reply Abort(const v1::AbortRequest& request);
   v1::StatusReply Status() const;
   // Blocks until the status version differs from `known_version` or
@@ -119,6 +128,13 @@ class SiteDriver {
   RequestId NewRequest() ABSL_LOCKS_EXCLUDED(mu_);
   // A synchronous operator call: the machine answers it in the same step.
   v1::Reply Ask(Event event, RequestId request);
+  // An operator call the machine answers in a later step: waits for the
+  // answer until `deadline` (then RETRY, the call going on).
+  v1::Reply AskAndWait(Event event, RequestId request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The kept global model of `round` (a start_round above 0), or why not.
+  absl::StatusOr<std::shared_ptr<const Model>> LoadKeptRound(uint32_t round)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Carry(Effects& effects) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the answer to `request` if it was not given.
   void Forget(RequestId request) ABSL_LOCKS_EXCLUDED(mu_);

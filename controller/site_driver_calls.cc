@@ -86,9 +86,18 @@ absl::StatusOr<std::string> SiteDriver::RecoverJob() {
   return id;
 }
 
-v1::Reply SiteDriver::Start(const v1::StartRequest& request) {
+v1::Reply SiteDriver::Start(const v1::StartRequest& request,
+                            absl::Time deadline) {
   const RequestId id = NewRequest();
-  return Ask(event::Start{id, request}, id);
+  return AskAndWait(event::Start{id, request}, id, deadline);
+}
+
+void SiteDriver::Start(const v1::StartRequest& request,
+                       std::function<void(v1::Reply)> done) {
+  const RequestId id = NewRequest();
+  Feed(event::Start{id, request}, id, [done](effect::Reply& r) {
+    done(std::get<v1::Reply>(std::move(r.answer)));
+  });
 }
 
 v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {

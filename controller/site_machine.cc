@@ -118,19 +118,31 @@ void SiteMachine::EndActivity() {
   armed_.clear();
   broadcasts_.clear();
   // Held requests are answered: the job is over here.
+  const v1::Reply ended = IsTerminal(record_.state)
+                              ? ReplyFromStatus(JobEndedHere(record_))
+                              : MakeReply(v1::OUTCOME_ABORTED, "job reset");
   for (auto& [request, held] : held_) {
     v1::SubmitPermissionReply reply;
-    reply.set_outcome(v1::OUTCOME_ABORTED);
-    reply.set_message(
-        absl::StrCat("job is ", v1::SiteState_Name(record_.state)));
+    reply.set_outcome(ended.outcome());
+    reply.set_message(ended.message());
     out_.push_back(effect::Reply{request, reply});
   }
   held_.clear();
+  if (pending_start_.has_value()) {
+    const RequestId request = pending_start_->request;
+    pending_start_.reset();
+    Reply(request,
+          MakeReply(v1::OUTCOME_REJECTED,
+                    absl::StrCat("the job ended here before its first round's "
+                                 "learn tasks were out: ",
+                                 last_error_.empty() ? "reset" : last_error_)));
+  }
   PermissionMayChange();
 }
 
 void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
   ReportError(what, status);
+  if (IsTerminal(record_.state)) return;  // Ended already: nothing to undo.
   end_reason_ = absl::StrCat("failed: ", last_error_);
   SetState(v1::SITE_STATE_FAILED);
   EndActivity();
@@ -263,6 +275,14 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   PermissionMayChange();
   PersistClearOffloadAndState();
   out_.push_back(effect::PrepareTransport{job_->config()});
+  if (IsTrainer(options_.site)) {
+    // A trainer takes part in every round: no task for this long means the
+    // job never started (a non-trainer candidate may wait for its first
+    // election as long as the job lasts).
+    Timer timer;
+    timer.purpose = Timer::Purpose::kStartDeadline;
+    SetTimer(now_ + job_->start_timeout(), timer);
+  }
   SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->id(),
                  job_->config().sites_size(), job_->config().num_rounds());
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "configured"));
@@ -327,10 +347,10 @@ void SiteMachine::Resume(RequestId request) {
   }
   record_.started = true;
   SWARM_LOG_INFO("resuming job %s at round %d", job_->id(), round);
+  // Answered once the round's tasks are out (AnswerStart).
+  pending_start_ = PendingStart{request, round};
   ScatterRound(round, current_global_, record_.best, persisted_global_lineage_,
                /*resume=*/true);
-  Reply(request,
-        MakeReply(v1::OUTCOME_OK, absl::StrCat("resuming at round ", round)));
 }
 
 void SiteMachine::OnStart(event::Start& e) {
@@ -360,17 +380,54 @@ void SiteMachine::OnStart(event::Start& e) {
   }
   record_.started = true;
   PermissionMayChange();
-  out_.push_back(effect::LoadInitialModel{});
+  // Answered once the first round's tasks are out (AnswerStart).
+  pending_start_ = PendingStart{e.request, job_->first_round()};
+  effect::LoadInitialModel load;
+  if (job_->first_round() > 0) load.kept_round = job_->first_round();
+  out_.push_back(load);
   SWARM_LOG_INFO("starting job %s at round %d", job_->id(),
                  job_->first_round());
-  Reply(e.request, MakeReply(v1::OUTCOME_OK, "started"));
 }
 
 void SiteMachine::OnInitialModel(event::InitialModel& e) {
   if (!Active()) return;
+  if (!e.model.ok() && job_->first_round() > 0 && pending_start_.has_value()) {
+    // No model of start_round here: the start is refused and the job stays
+    // configured (start again with the model in place, or from round 0).
+    const RequestId request = pending_start_->request;
+    pending_start_.reset();
+    record_.started = false;
+    PermissionMayChange();
+    ReportError("start", e.model.status());
+    return Reply(request, MakeReply(v1::OUTCOME_REJECTED,
+                                    std::string(e.model.status().message())));
+  }
   if (!e.model.ok()) return Fail("initial model", e.model.status());
   ScatterRound(job_->first_round(), std::move(*e.model), v1::BestRecord(),
                Lineage());
+}
+
+void SiteMachine::AnswerStart(uint32_t round, const Scatter* scatter,
+                              const absl::Status& failure) {
+  if (!pending_start_.has_value() || pending_start_->round != round) return;
+  const RequestId request = pending_start_->request;
+  pending_start_.reset();
+  if (!failure.ok() || scatter == nullptr) {
+    return Reply(request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("round ", round, " did not start: ",
+                                        failure.ok() ? "no learn task sent"
+                                                     : failure.message())));
+  }
+  v1::Reply reply = MakeReply(
+      v1::OUTCOME_OK,
+      absl::StrCat("round ", round, ": learn task delivered to ",
+                   scatter->acked.size(), " trainer(s) and to aggregator ",
+                   scatter->header.aggregator()));
+  for (const auto& [site, why] : scatter->missed) {
+    reply.add_not_reached(absl::StrCat(site, ": ", why));
+  }
+  Reply(request, std::move(reply));
 }
 
 void SiteMachine::OnAbort(event::Abort& e) {
@@ -468,8 +525,12 @@ void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
 void SiteMachine::OnPersistDone(event::PersistDone& e) {
   auto it = pending_finals_.find(e.persist);
   if (it == pending_finals_.end()) {
-    if (!e.status.ok()) ReportError(absl::StrCat("saving ", e.what), e.status);
-    return;
+    if (e.status.ok()) return;
+    if (!Active()) return ReportError(absl::StrCat("saving ", e.what), e.status);
+    // The site cannot keep its job on disk (a full or failing workspace):
+    // it leaves the job, and its peers go on without it (an aggregator's
+    // trainers fail over to the round's next backup).
+    return Fail(absl::StrCat("saving ", e.what), e.status);
   }
   PendingFinal pending = std::move(it->second);
   pending_finals_.erase(it);
@@ -545,6 +606,19 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
       return DropSilentTrainers(timer.round);
     case Timer::Purpose::kScatterGrace:
       return EndScatterWait(timer.round);
+    case Timer::Purpose::kStartDeadline:
+      if (job_ == nullptr || record_.last_task_round.has_value() ||
+          pending_start_.has_value() || IsTerminal(record_.state)) {
+        return;
+      }
+      return Fail(
+          "start",
+          absl::DeadlineExceededError(absl::StrCat(
+              "no learn task within start_timeout_ms (",
+              absl::FormatDuration(job_->start_timeout()),
+              ") of being configured: the job was not started (starting site ",
+              job_->config().starting_site(),
+              "), or its tasks never reached this site")));
     case Timer::Purpose::kFinalGrace:
       return OnFinalGrace(timer.broadcast);
   }

@@ -201,8 +201,13 @@ struct StartTraining {
 };
 // Stop the training under way (its kTrainingDone may then never come).
 struct CancelTraining {};
-// Ask the learner for the job's initial model; report kInitialModel.
-struct LoadInitialModel {};
+// The job's first model; report kInitialModel. From the learner's initial
+// weights, or, with `kept_round` (a job whose start_round is above 0), the
+// global model of that round this site kept (keep_round_models) in an
+// earlier run of the job: a start_round without its model is refused.
+struct LoadInitialModel {
+  std::optional<uint32_t> kept_round;
+};
 // Aggregate the closed round (costly: outside any lock); report
 // kAggregationDone.
 struct RunAggregation {
@@ -320,6 +325,9 @@ class SiteMachine {
       // A LAST broadcast's first acknowledgement came a failover timeout
       // ago: BEST goes to the sites that acknowledged, the rest follow.
       kFinalGrace,
+      // A trainer configured start_timeout ago that never got a learn task
+      // leaves the job (the start never came).
+      kStartDeadline,
     };
     Purpose purpose = Purpose::kRoundDeadline;
     uint32_t round = 0;
@@ -333,6 +341,15 @@ class SiteMachine {
     std::shared_ptr<const Model> global;
     std::set<std::string> waiting;
     std::vector<std::string> acked;
+    // Trainers the task did not reach, and why.
+    std::map<std::string, std::string> missed;
+  };
+  // The operator's Start (or resume), answered once the first round's
+  // aggregator acknowledged its learn task (or the start failed): the
+  // reply lists the trainers the round's task did not reach.
+  struct PendingStart {
+    RequestId request = 0;
+    uint32_t round = 0;
   };
   // A round this site gathers: its attempt and chain, and when each trainer
   // was last heard from (a probe, a request, a result; InfiniteFuture while
@@ -411,6 +428,10 @@ class SiteMachine {
   void OnLearnerWaiting(event::LearnerWaiting& e);
   void OnRecover(event::Recover& e);
   void Resume(RequestId request);
+  // Answers the pending start of `round` (if any): OK with the sites
+  // `scatter` missed, or why the start failed (`failure` not OK).
+  void AnswerStart(uint32_t round, const Scatter* scatter,
+                   const absl::Status& failure = absl::OkStatus());
   void ResetForJob(v1::JobConfig job, std::string offload_dir);
 
   // Helpers (site_machine.cc).
@@ -554,6 +575,7 @@ class SiteMachine {
   // Learn tasks to aggregators not yet acknowledged (kept for a failover to
   // the round's next backup).
   std::map<uint32_t, Scatter> aggregator_tasks_;
+  std::optional<PendingStart> pending_start_;
   std::deque<v1::Failover> failovers_;
   std::string end_reason_;
   // The final round and attempt of the finals this site sends or received.

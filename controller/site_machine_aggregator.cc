@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/storage_error.h"
 #include "controller/replies.h"
 #include "controller/site_machine.h"
 
@@ -309,6 +310,19 @@ v1::Reply SiteMachine::OnResult(
   const uint32_t round = target->round();
   Heard(round, header.sender(), now_);
   AggregationRound::ResultEnd end = target->CompleteResult(header, model, now_);
+  if (IsStorageError(end.refused)) {
+    // This site's disk failed under the result (full, failing): the result
+    // is not at fault, and the site cannot gather. It leaves the job; the
+    // trainer, answered ABORTED, takes its result to the next backup.
+    const std::string what = absl::StrCat("round ", header.round(),
+                                          ": storing the result from ",
+                                          header.sender());
+    Fail(what, end.refused);
+    return MakeReply(v1::OUTCOME_ABORTED,
+                     absl::StrCat("site ", options_.site, " failed (", what,
+                                  ": ", end.refused.message(),
+                                  "); submit to the round's next backup"));
+  }
   if (!end.refused.ok()) {
     ReportError(absl::StrCat("round ", header.round(), ": result from ",
                              header.sender(), " refused"),
@@ -332,9 +346,9 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
     return reply;
   }
   if (IsTerminal(record_.state)) {
-    reply.set_outcome(v1::OUTCOME_ABORTED);
-    reply.set_message(
-        absl::StrCat("job is ", v1::SiteState_Name(record_.state)));
+    const v1::Reply ended = ReplyFromStatus(JobEndedHere(record_));
+    reply.set_outcome(ended.outcome());
+    reply.set_message(ended.message());
     return reply;
   }
   const uint64_t retry_ms = job_->config().request_to_submit_interval_ms();

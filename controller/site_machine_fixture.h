@@ -168,8 +168,8 @@ class SiteMachineTest : public ::testing::Test {
     bool already = false;
     ASSERT_EQ(machine_->CheckConfigure(job, &already), std::nullopt);
     const RequestId id = next_request_++;
-    ASSERT_EQ(OutcomeOf(Step(event::Configure{id, job, ""}), id),
-              v1::OUTCOME_OK);
+    configured_ = Step(event::Configure{id, job, ""});
+    ASSERT_EQ(OutcomeOf(configured_, id), v1::OUTCOME_OK);
   }
   Effects Step(Event event) { return machine_->Step(std::move(event), now_); }
   v1::SiteStatus Status() const { return machine_->Status().status(); }
@@ -179,9 +179,12 @@ class SiteMachineTest : public ::testing::Test {
     event::Start start{next_request_++, {}};
     start.start.set_job_id("step");
     const Effects started = Step(start);
-    EXPECT_EQ(OutcomeOf(started, start.request), v1::OUTCOME_OK);
+    // Answered once the first round's aggregator has its task.
+    EXPECT_EQ(OutcomeOf(started, start.request), std::nullopt);
+    start_request_ = start.request;
     EXPECT_EQ(All<effect::LoadInitialModel>(started).size(), 1u);
-    EXPECT_EQ(OutcomeOf(Step(start), start.request), v1::OUTCOME_REJECTED)
+    event::Start again{next_request_++, start.start};
+    EXPECT_EQ(OutcomeOf(Step(again), again.request), v1::OUTCOME_REJECTED)
         << "started twice";
     return Step(event::InitialModel{Shared(1)});
   }
@@ -320,6 +323,8 @@ class SiteMachineTest : public ::testing::Test {
 
   absl::Time now_ = kT0;
   RequestId next_request_ = 1;
+  RequestId start_request_ = 0;  // The Start answered later (AnswerStart).
+  Effects configured_;           // What the Configure step did.
   std::unique_ptr<JobView> view_;
   std::unique_ptr<SiteMachine> machine_;
 };

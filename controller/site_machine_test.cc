@@ -48,6 +48,53 @@ TEST_F(SiteMachineTest, StartingSiteElectsAndScattersTheFirstRound) {
   all.push_back(aggregator);
   EXPECT_THAT(all, Contains("a"));
   EXPECT_THAT(Status().last_error(), HasSubstr("learn task to " + refusing));
+  // The operator's Start is answered once the aggregator has its task,
+  // naming the trainer the round's task did not reach.
+  EXPECT_EQ(OutcomeOf(last, start_request_), std::nullopt);
+  const Effects acked = Done(*to_aggregator[0]);
+  const v1::Reply* started = Answer<v1::Reply>(acked, start_request_);
+  ASSERT_NE(started, nullptr);
+  EXPECT_EQ(started->outcome(), v1::OUTCOME_OK);
+  EXPECT_THAT(started->message(), HasSubstr("aggregator " + aggregator));
+  ASSERT_EQ(started->not_reached_size(), 1);
+  EXPECT_THAT(started->not_reached(0), HasSubstr(refusing + ": "));
+}
+
+TEST_F(SiteMachineTest, StartRoundWithoutItsModelIsRefusedAndStaysConfigured) {
+  const v1::JobConfig job =
+      Job([](v1::JobConfig* j) { j->set_start_round(3); });
+  Make("a", job);
+  event::Start start{next_request_++, {}};
+  start.start.set_job_id("step");
+  const Effects started = Step(start);
+  const auto loads = All<effect::LoadInitialModel>(started);
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0]->kept_round, std::optional<uint32_t>(3));
+  const Effects refused = Step(event::InitialModel{absl::FailedPreconditionError(
+      "start_round 3: site a holds no global model of round 3")});
+  EXPECT_EQ(OutcomeOf(refused, start.request), v1::OUTCOME_REJECTED);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_CONFIGURED);
+  EXPECT_THAT(Status().last_error(), HasSubstr("no global model of round 3"));
+  // A later start (the model now in place) goes ahead.
+  event::Start again{next_request_++, start.start};
+  EXPECT_EQ(OutcomeOf(Step(again), again.request), std::nullopt);
+  const Effects scatter = Step(event::InitialModel{Shared(1)});
+  EXPECT_FALSE(FindSends(scatter, CallKind::kLearnTask).empty());
+}
+
+TEST_F(SiteMachineTest, TrainerWithoutALearnTaskLeavesAfterStartTimeout) {
+  const v1::JobConfig job =
+      Job([](v1::JobConfig* j) { j->set_start_timeout_ms(60000); });
+  Make("b", job);
+  ASSERT_TRUE(view_->IsTrainer("b"));
+  const auto timers = All<effect::SetTimer>(configured_);
+  ASSERT_EQ(timers.size(), 1u);
+  EXPECT_EQ(timers[0]->when, kT0 + absl::Seconds(60));
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_CONFIGURED);
+  Fire(*timers[0]);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_FAILED);
+  EXPECT_THAT(Status().last_error(), HasSubstr("start_timeout_ms"));
+  EXPECT_THAT(Status().end_reason(), HasSubstr("was not started"));
 }
 
 TEST_F(SiteMachineTest, ElectionIsReproducibleFromSeedAndRound) {
@@ -199,7 +246,7 @@ TEST_F(SiteMachineTest, UnreachableAggregatorFailsOverToTheNextBackup) {
   EXPECT_EQ(task.sender(), "b");
   ASSERT_NE(handoff[0]->message.model, nullptr);
   EXPECT_THAT(Status().last_error(),
-              HasSubstr("aggregator " + dead + " unreachable"));
+              HasSubstr("giving up on aggregator " + dead));
   ASSERT_EQ(Status().failovers_size(), 1);
   EXPECT_EQ(Status().failovers(0).from(), dead);
   EXPECT_EQ(Status().failovers(0).to(), backup);

@@ -78,7 +78,11 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
   if (it == scatters_.end()) return;
   Scatter& scatter = it->second;
   scatter.waiting.erase(call.target);
-  if (status.ok()) scatter.acked.push_back(call.target);
+  if (status.ok()) {
+    scatter.acked.push_back(call.target);
+  } else {
+    scatter.missed[call.target] = std::string(status.message());
+  }
   if (status.ok() && scatter.acked.size() == 1 && !scatter.waiting.empty()) {
     // The tasks stream in parallel: a trainer still silent a failover
     // timeout after the first one acknowledged is down, frozen or cut off,
@@ -100,6 +104,8 @@ void SiteMachine::EndScatterWait(uint32_t round) {
   Scatter done = std::move(it->second);
   scatters_.erase(it);
   for (const std::string& trainer : done.waiting) {
+    done.missed[trainer] =
+        "no acknowledgement within failover_timeout_ms of the first one";
     ReportError(absl::StrCat("round ", round, ": learn task to ", trainer,
                              " not acknowledged; not waiting for it"),
                 absl::DeadlineExceededError(
@@ -162,16 +168,20 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
   if (it == aggregator_tasks_.end()) return;
   const absl::Status status = ReplyStatus(e);
   if (status.ok() || !Active()) {
+    if (status.ok()) AnswerStart(call.round, &it->second);
     aggregator_tasks_.erase(it);
     return;
   }
+  const bool ended_there =
+      e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_ABORTED;
   if (status.code() == absl::StatusCode::kFailedPrecondition &&
-      e.maybe_delivered) {
+      e.maybe_delivered && !ended_there) {
     // An earlier attempt did arrive and the aggregator has moved on (it
     // holds this round's task or a later one, or has finished): the round
     // went ahead. Not a reason to fail the job.
     SWARM_LOG_INFO("round %d: aggregator %s already had its learn task (%s)",
                    call.round, call.target, status.message());
+    AnswerStart(call.round, &it->second);
     aggregator_tasks_.erase(it);
     return;
   }
@@ -179,18 +189,25 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
       *record_.last_task_round > call.round) {
     // The round went on meanwhile (its trainers handed it over): this
     // task is no longer needed.
+    AnswerStart(call.round, &it->second);
     aggregator_tasks_.erase(it);
     return;
   }
   if (call.target == options_.site && !e.reply.ok()) {
     return Fail(absl::StrCat("round ", call.round, ": own learn task"), status);
   }
-  if (e.reply.ok()) {
+  if (e.reply.ok() && !ended_there) {
     // The aggregator answered and refused: its reason stands (another chain
-    // won, or the round went on without this task).
+    // won, or the round went on without this task). An aggregator whose job
+    // failed or was aborted (OUTCOME_ABORTED) is passed over like one that
+    // cannot be reached.
     ReportError(absl::StrCat("round ", call.round, ": aggregator ", call.target,
                              " refused its learn task"),
                 status);
+    AnswerStart(call.round, nullptr,
+                absl::FailedPreconditionError(absl::StrCat(
+                    "aggregator ", call.target,
+                    " refused its learn task: ", status.message())));
     aggregator_tasks_.erase(it);
     return;
   }
@@ -468,8 +485,8 @@ void SiteMachine::FailOver(const std::string& reason) {
         absl::UnavailableError(absl::StrCat(
             "the last backup, ", task.aggregator, ", failed: ", reason)));
   }
-  ReportError(absl::StrCat("round ", task.round, ": aggregator ",
-                           task.aggregator, " unreachable"),
+  ReportError(absl::StrCat("round ", task.round, ": giving up on aggregator ",
+                           task.aggregator),
               absl::UnavailableError(reason));
   NoteFailover(task.round, task.aggregator, backup, reason);
   counters_.set_failovers(counters_.failovers() + 1);
@@ -522,6 +539,9 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
     return ScheduleAsk(job_->failover_timeout() / 2);
   }
   if (!e.reply.ok()) return OnAggregatorTrouble(e.reply.status());
+  if (e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
+    return FailOver(e.reply->reply.message());  // The backup's job ended.
+  }
   // Refused: the round went on without this site (a later round is under
   // way there, or another chain won). Its next learn task brings it back.
   ReportError(
@@ -552,6 +572,11 @@ void SiteMachine::OnPermissionReply(const Call& call,
   const v1::SubmitPermissionReply& reply = e.reply->permission;
   task.failures = 0;
   task.failing_since = absl::InfiniteFuture();
+  if (reply.outcome() == v1::OUTCOME_ABORTED) {
+    // The aggregator's job failed or was aborted there: it will never
+    // close the round. The next backup takes it, with this site's result.
+    return FailOver(reply.message());
+  }
   if (reply.outcome() == v1::OUTCOME_RETRY && reply.needs_learn_task()) {
     // Alive, but without this round's task (it never arrived, or it came
     // back from a restart): hand it over once that lasts.
@@ -624,6 +649,11 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
   if (!e.reply.ok() && RetryPolicy::Retryable(e.reply.status())) {
     SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
     return OnAggregatorTrouble(e.reply.status());
+  }
+  if (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
+    // The aggregator failed (a disk error while it received this result,
+    // say): the result goes to the next backup.
+    return FailOver(e.reply->reply.message());
   }
   if (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_RETRY) {
     // The permission was released with the failed upload: ask again.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/storage_error.h"
 #include "persist/mapped_file.h"
 #include "persist/safetensors.h"
 
@@ -73,8 +74,11 @@ absl::Status DiskSink::Begin(const v1::ModelHeader& header,
   if (layout.data_size > UINT64_MAX - prefix.size()) {
     return absl::InvalidArgumentError("model size overflows 64 bits");
   }
-  SWARM_ASSIGN_OR_RETURN(file_, persist::WritableMappedFile::Create(
-                                    path_, prefix.size() + layout.data_size));
+  absl::StatusOr<std::unique_ptr<persist::WritableMappedFile>> file =
+      persist::WritableMappedFile::Create(path_,
+                                          prefix.size() + layout.data_size);
+  if (!file.ok()) return AsStorageError(file.status());
+  file_ = *std::move(file);
   std::memcpy(file_->data(), prefix.data(), prefix.size());
   file_offsets_.clear();
   for (const persist::SafetensorsTensor& tensor : layout.tensors) {
@@ -100,10 +104,12 @@ absl::StatusOr<Model> DiskSink::Finish() {
   if (file_ == nullptr)
     return absl::FailedPreconditionError("sink never begun");
   std::unique_ptr<persist::WritableMappedFile> file = std::move(file_);
-  SWARM_ASSIGN_OR_RETURN(std::unique_ptr<persist::MappedFile> mapped,
-                         file->Commit());
-  mapped.reset();
-  return Model::LoadSafetensors(path_);
+  absl::StatusOr<std::unique_ptr<persist::MappedFile>> mapped = file->Commit();
+  if (!mapped.ok()) return AsStorageError(mapped.status());
+  mapped->reset();
+  absl::StatusOr<Model> model = Model::LoadSafetensors(path_);
+  if (!model.ok()) return AsStorageError(model.status());
+  return model;
 }
 
 void DiskSink::Abort() { file_.reset(); }

@@ -71,6 +71,8 @@ class MemorySink final : public TensorSink {
 // sibling, reserved up front), then renames it into place and maps it
 // read-only. The returned model is a view over that mapping. A failed or
 // aborted stream leaves no file behind and an existing file at `path` intact.
+// Failures of the file itself (no space, an I/O error) are marked
+// AsStorageError (common/storage_error.h).
 class DiskSink final : public TensorSink {
  public:
   explicit DiskSink(std::string path);

@@ -2,9 +2,12 @@
 
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
@@ -159,7 +162,13 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         grpc::Status allowed =
             Authorize(context, "Start", Rule::kAdmin, request->sender(), &slot);
         if (!allowed.ok()) return allowed;
-        *reply = controller_->Start(*request);
+        // Waits for the first round's learn tasks to be out, at most until
+        // the call's deadline (an hour without one).
+        absl::Time deadline = absl::Now() + absl::Hours(1);
+        if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+          deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+        }
+        *reply = controller_->Start(*request, deadline);
         return grpc::Status::OK;
       });
   auto receive = [this](grpc::CallbackServerContext* context,
