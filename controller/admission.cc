@@ -142,8 +142,14 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
       job.AggregatorAt(header.final_round(), header.attempt());
   const bool from_aggregator =
       !last_aggregator.empty() && header.sender() == last_aggregator;
+  // BEST comes from the site that scored it, or from another that holds a
+  // copy (it trained on that round's model) when the scorer is gone; the
+  // latter is checked against the record's digest once received
+  // (SiteMachine::OnModelBody).
   const bool from_holder =
-      best_kind && site.best.present() && header.sender() == site.best.site();
+      best_kind && site.best.present() &&
+      (header.sender() == site.best.site() ||
+       (!site.best.digest().empty() && job.Site(header.sender()) != nullptr));
   if (!from_aggregator && !from_holder) {
     const std::string holder =
         best_kind && site.best.present()

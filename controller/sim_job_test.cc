@@ -1,5 +1,6 @@
 // Simulated whole jobs: shapes of swarm and how rounds close.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "controller/fake_network.h"
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
+#include "streaming/digest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -51,14 +53,71 @@ TEST(SimTest, ThirtyTwoSitesCompleteTenRounds) {
   EXPECT_EQ(accepted, 32u * 10u);
   EXPECT_EQ(rejected, 0u);
   EXPECT_GT(aggregators.size(), 1u) << "the election never varied";
-  // The holder of BEST shared it when it was not the last aggregator.
-  if (sim.Aggregator(kBestRound) != sim.Aggregator(9)) {
-    bool shared = false;
-    for (const CallRecord& call : sim.network().Log()) {
-      shared |= call.kind == CallKind::kShareBest &&
-                call.to == sim.Aggregator(kBestRound) && call.result == "OK";
+  // Every site trained on the best round's model and kept it: the last
+  // aggregator sends BEST itself, without asking the scorer to share.
+  for (const CallRecord& call : sim.network().Log()) {
+    EXPECT_NE(call.kind, CallKind::kShareBest) << call.from << "->" << call.to;
+    if (call.kind == CallKind::kFinalResult) {
+      EXPECT_EQ(call.from, sim.Aggregator(9));
     }
-    EXPECT_TRUE(shared);
+  }
+}
+
+// The last aggregator does not train (it never held the best model) and the
+// site that scored the best round is gone at the end: BEST still reaches
+// every other site, from a trainer of the best round (checked against the
+// record's digest), so losing any one site does not lose BEST.
+TEST(SimTest, BestComesFromAnotherHolderWhenItsScorerIsGone) {
+  const int sites = 6;
+  const std::string candidate_only = Sim::Name(sites - 1);
+  std::optional<SimConfig> found;
+  for (uint64_t seed = 1; seed < 200 && !found.has_value(); ++seed) {
+    SimConfig config = Config(sites, 4, [seed](v1::JobConfig* job) {
+      job->set_seed(seed);
+      for (int i = 0; i + 1 < sites; ++i) job->add_trainers(Sim::Name(i));
+      job->set_starting_site(Sim::Name(0));
+    });
+    Sim probe(config);
+    const std::string scorer = probe.Aggregator(kBestRound);
+    if (probe.Aggregator(3) == candidate_only && scorer != candidate_only &&
+        scorer != Sim::Name(0)) {
+      found = config;
+    }
+  }
+  ASSERT_TRUE(found.has_value()) << "no seed gives the shape";
+  Sim sim(*found);
+  const std::string scorer = sim.Aggregator(kBestRound);
+  // The scorer goes once the last round's tasks are out (at the first call
+  // to the last round's aggregator).
+  bool cut = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (!cut && call.kind == CallKind::kRequestToSubmit && call.round == 3) {
+      cut = true;
+      sim.network().Isolate(scorer);
+    }
+  });
+  sim.RunJob();
+  ASSERT_TRUE(cut);
+  std::vector<int> alive = Without(AllSites(sim), sim.Index(scorer));
+  std::string giver;
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kShareBest && call.result == "OK") {
+      giver = call.to;
+    }
+  }
+  EXPECT_NE(giver, "");
+  EXPECT_NE(giver, scorer);
+  for (int i : alive) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+    EXPECT_EQ(status.best().round(), kBestRound);
+    EXPECT_EQ(status.best().site(), scorer);
+    EXPECT_FALSE(status.best().digest().empty());
+    std::shared_ptr<const Model> best = sim.Final(i, v1::MODEL_KIND_BEST);
+    ASSERT_NE(best, nullptr) << Sim::Name(i);
+    EXPECT_EQ(ModelContentDigest(*best), status.best().digest());
+    EXPECT_EQ(best->metadata().at("source_site"), giver);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 
@@ -117,6 +118,7 @@ void SiteMachine::EndActivity() {
   gathering_.clear();
   armed_.clear();
   broadcasts_.clear();
+  best_asks_.clear();
   // Held requests are answered: the job is over here.
   const v1::Reply ended = IsTerminal(record_.state)
                               ? ReplyFromStatus(JobEndedHere(record_))
@@ -309,6 +311,7 @@ void SiteMachine::OnRecover(event::Recover& e) {
     persisted_global_round_ = state.global_round();
     persisted_global_lineage_ = LineageFromProto(state.global_lineage());
     current_global_ = e.global;
+    current_global_round_ = static_cast<uint32_t>(state.global_round());
   }
   if (IsTerminal(state.state())) {
     record_.state = state.state();
@@ -496,6 +499,20 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
     case v1::MODEL_KIND_LAST: {
       if (!e.model.ok())
         return Reply(e.request, ReplyFromStatus(e.model.status()));
+      if (header.kind() == v1::MODEL_KIND_BEST &&
+          header.sender() != record_.best.site() &&
+          header.sender() !=
+              job_->AggregatorAt(header.final_round(), header.attempt()) &&
+          ModelContentDigest(**e.model) != record_.best.digest()) {
+        // Neither the scorer nor the final aggregator: only the model
+        // whose digest the record carries is taken from it.
+        return Reply(e.request,
+                     MakeReply(v1::OUTCOME_BAD_REQUEST,
+                               absl::StrCat("BEST of round ", header.round(),
+                                            " from ", header.sender(),
+                                            " does not match the best "
+                                            "record's digest")));
+      }
       // Written first; stored in the record (and answered) once on disk.
       effect::Persist persist;
       persist.what = effect::Persist::What::kFinal;
@@ -566,12 +583,8 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
       return OnHandoffDone(call, e);
     case Call::Purpose::kFinal:
       return OnFinalDone(call, e);
-    case Call::Purpose::kShareBest: {
-      absl::Status status =
-          e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
-      if (!status.ok()) ReportError("distributing BEST", status);
-      return;
-    }
+    case Call::Purpose::kShareBest:
+      return OnShareBestDone(call, e);
   }
 }
 

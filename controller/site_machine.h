@@ -468,6 +468,10 @@ class SiteMachine {
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
   void SendAggregatorTask(uint32_t round);
   void EndScatterWait(uint32_t round);
+  // At a learn task carrying `best`: keeps this site's copy of the best
+  // model (the input of the round it trained on, when that round scored
+  // best), or drops a superseded one.
+  void KeepBestCopy(const v1::BestRecord& best);
   void NoteFailover(uint32_t round, const std::string& from,
                     const std::string& to, const std::string& reason);
   v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
@@ -524,6 +528,8 @@ class SiteMachine {
   // BEST to `targets`, after their LAST (from here, or via the holder).
   void SendBest(const Broadcast& done, std::vector<std::string> targets);
   void OnFinalGrace(uint64_t broadcast);
+  void AskNextHolder(uint64_t ask);
+  void OnShareBestDone(const Call& call, const event::CallDone& e);
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model);
 
@@ -536,8 +542,9 @@ class SiteMachine {
   std::shared_ptr<const JobView> job_;
   std::string offload_dir_;
   SiteRecord record_;
-  // The global model this site scored best as an aggregator (it is the
-  // holder of record_.best when record_.best.site() is this site).
+  // The best model when this site holds it: scored best here as an
+  // aggregator (record_.best.site() is this site), or the input of the
+  // round it trained on that scored best (KeepBestCopy).
   std::shared_ptr<const Model> best_model_;
   uint32_t best_model_round_ = 0;
   // The rounds this site gathers.
@@ -557,6 +564,7 @@ class SiteMachine {
   std::optional<Training> training_;
   uint64_t next_training_ = 1;
   std::shared_ptr<const Model> current_global_;
+  uint32_t current_global_round_ = 0;  // The round it is the input of.
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_;
   v1::SiteCounters counters_;
   RoundCounters closed_rounds_;
@@ -578,6 +586,15 @@ class SiteMachine {
   std::optional<PendingStart> pending_start_;
   std::deque<v1::Failover> failovers_;
   std::string end_reason_;
+  // Asking holders in turn to share BEST (SendBest).
+  struct BestAsk {
+    v1::ShareBestRequest request;
+    std::vector<std::string> holders;
+    size_t next = 0;
+    absl::Status first_error;
+  };
+  std::map<uint64_t, BestAsk> best_asks_;
+  uint64_t next_best_ask_ = 1;
   // The final round and attempt of the finals this site sends or received.
   uint32_t final_round_ = 0;
   uint32_t final_attempt_ = 0;

@@ -10,6 +10,7 @@
 #include "common/storage_error.h"
 #include "controller/replies.h"
 #include "controller/site_machine.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 
@@ -165,10 +166,13 @@ void SiteMachine::CloseRound(uint32_t number) {
   Gathering gathering = std::move(gathering_[number]);
   gathering_.erase(number);
   closed_rounds_.Add(round->counters());
-  const AggregationRound::Verdict verdict = round->Judge();
+  AggregationRound::Verdict verdict = round->Judge();
   if (verdict.base_is_new_best) {
     best_model_ = round->shared_base();
     best_model_round_ = number;
+    // Every trainer of the round holds this model too: the digest lets a
+    // BEST from any of them be checked when this site is gone at the end.
+    verdict.best.set_digest(ModelContentDigest(*best_model_));
     effect::Persist keep;
     keep.what = effect::Persist::What::kBestModel;
     keep.persist = next_persist_++;

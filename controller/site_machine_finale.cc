@@ -32,8 +32,8 @@ void SiteMachine::FinishJob(uint32_t last_round,
   if (!best.present()) {
     // No round produced a usable metric: the last model is also the best.
     then.best_model = last;
-  } else if (best.site() == options_.site) {
-    then.best_model = best_model_;
+  } else if (best_model_ != nullptr && best_model_round_ == best.round()) {
+    then.best_model = best_model_;  // Scored here, or trained on here.
   }
   SWARM_LOG_INFO(
       "job %s: finishing after round %d (%s); best %s from %s "
@@ -153,27 +153,76 @@ void SiteMachine::SendBest(const Broadcast& done,
                    Broadcast(), std::move(targets));
     return;
   }
-  if (job_->Site(best.site()) == nullptr) {
-    return ReportError("distributing BEST",
-                       absl::NotFoundError(absl::StrCat(
-                           "best holder ", best.site(), " is not a site")));
+  // Asked of the holders in turn: the site that scored it, then every
+  // other site (those that trained on it hold a copy; the others refuse).
+  BestAsk ask;
+  ask.request.set_job_id(job_->id());
+  ask.request.set_sender(options_.site);
+  *ask.request.mutable_best() = best;
+  ask.request.set_final_round(final_round_);
+  ask.request.set_attempt(final_attempt_);
+  LineageToProto(final_chain_, ask.request.mutable_lineage());
+  for (const std::string& target : targets) ask.request.add_targets(target);
+  if (job_->Site(best.site()) != nullptr && best.site() != options_.site) {
+    ask.holders.push_back(best.site());
   }
+  for (const std::string& site : job_->site_names()) {
+    if (site != options_.site && site != best.site()) {
+      ask.holders.push_back(site);
+    }
+  }
+  const uint64_t id = next_best_ask_++;
+  best_asks_[id] = std::move(ask);
+  AskNextHolder(id);
+}
+
+void SiteMachine::AskNextHolder(uint64_t id) {
+  auto it = best_asks_.find(id);
+  if (it == best_asks_.end()) return;
+  BestAsk& ask = it->second;
+  if (ask.next >= ask.holders.size()) {
+    ReportError(
+        "distributing BEST",
+        absl::NotFoundError(absl::StrCat(
+            "no site gave the best model of round ", ask.request.best().round(),
+            " (asked ", absl::StrJoin(ask.holders, ","), "; first: ",
+            ask.first_error.ok() ? "none" : ask.first_error.message(), ")")));
+    best_asks_.erase(it);
+    return;
+  }
+  const std::string holder = ask.holders[ask.next++];
   PeerMessage message;
   message.kind = CallKind::kShareBest;
-  message.share_best.set_job_id(job_->id());
-  message.share_best.set_sender(options_.site);
-  *message.share_best.mutable_best() = best;
-  message.share_best.set_final_round(final_round_);
-  message.share_best.set_attempt(final_attempt_);
-  LineageToProto(final_chain_, message.share_best.mutable_lineage());
-  for (const std::string& target : targets) {
-    message.share_best.add_targets(target);
-  }
+  message.share_best = ask.request;
   message.timeout = job_->final_result_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kShareBest;
-  call.round = best.round();
-  Send(best.site(), std::move(message), call);
+  call.round = ask.request.best().round();
+  call.broadcast = id;
+  Send(holder, std::move(message), call);
+}
+
+void SiteMachine::OnShareBestDone(const Call& call, const event::CallDone& e) {
+  auto it = best_asks_.find(call.broadcast);
+  if (it == best_asks_.end()) return;
+  const absl::Status status =
+      e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
+  if (status.ok()) {
+    if (call.target != it->second.request.best().site()) {
+      SWARM_LOG_WARNING(
+          "job %s: BEST of round %d comes from %s (its scorer %s did not "
+          "give it)",
+          job_->id(), call.round, call.target,
+          it->second.request.best().site());
+    }
+    best_asks_.erase(it);
+    return;
+  }
+  if (it->second.first_error.ok()) {
+    it->second.first_error = absl::Status(
+        status.code(), absl::StrCat(call.target, ": ", status.message()));
+  }
+  AskNextHolder(call.broadcast);
 }
 
 void SiteMachine::OnShareBest(event::ShareBest& e) {

@@ -2,6 +2,7 @@
 // election, the trainer's side of a round, and the finish. The aggregator's
 // side of a round is in site_machine_round_test.cc.
 #include "controller/site_machine_fixture.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 namespace site_machine_testing {
@@ -326,6 +327,62 @@ TEST_F(SiteMachineTest, LastAggregatorAsksTheHolderToShareTheBest) {
   EXPECT_EQ(share[0]->message.share_best.best().round(), 0u);
   EXPECT_THAT(share[0]->message.share_best.targets(),
               ElementsAre("a", "b", "c", "d", "e"));
+  // c is gone or no longer holds it: every other site is asked in turn
+  // (those that trained on round 0 hold a copy); the first to give it ends
+  // the asking.
+  const Effects refused_by_c = Done(*share[0], v1::OUTCOME_REJECTED);
+  const auto next = FindSends(refused_by_c, CallKind::kShareBest);
+  ASSERT_THAT(Targets(next), ElementsAre("a"));
+  const Effects refused_by_a = Done(*next[0], v1::OUTCOME_REJECTED);
+  const auto after_a = FindSends(refused_by_a, CallKind::kShareBest);
+  ASSERT_THAT(Targets(after_a), ElementsAre("b"));
+  const Effects given = Done(*after_a[0]);
+  EXPECT_THAT(FindSends(given, CallKind::kShareBest), IsEmpty());
+}
+
+TEST_F(SiteMachineTest, BestFromAnotherHolderMustMatchTheRecordsDigest) {
+  v1::BestRecord best = Best("c", 0.9, 0);
+  best.set_digest(ModelContentDigest(*Shared(5)));
+  Make("b");
+  Deliver(LearnTask(1, {}, best), Shared(1));
+  // a is neither the scorer (c) nor the last aggregator (d): its BEST is
+  // taken only if it is the model the record's digest names.
+  const Delivery wrong =
+      Deliver(Header(v1::MODEL_KIND_BEST, 0, "a", best), Shared(7));
+  EXPECT_TRUE(wrong.admitted.ok()) << wrong.admitted;
+  EXPECT_EQ(wrong.reply.outcome(), v1::OUTCOME_BAD_REQUEST);
+  EXPECT_THAT(wrong.reply.message(), HasSubstr("digest"));
+  EXPECT_THAT(PersistKinds(wrong.effects), IsEmpty());
+  const Delivery right =
+      Deliver(Header(v1::MODEL_KIND_BEST, 0, "a", best), Shared(5));
+  EXPECT_EQ(right.reply.outcome(), v1::OUTCOME_OK);
+  EXPECT_THAT(PersistKinds(right.effects), ElementsAre(What::kFinal));
+}
+
+TEST_F(SiteMachineTest, TrainerKeepsItsCopyOfTheBestModelAndShares) {
+  Make("b");
+  // Round 0's task; round 1's then names round 0 as the best: b's round 0
+  // model is the best model, and b gives it when asked.
+  Deliver(LearnTask(0, {}), Shared(11));
+  v1::BestRecord best = Best("d", 0.9, 0);
+  best.set_digest(ModelContentDigest(*Shared(11)));
+  const Delivery second = Deliver(LearnTask(1, {}, best), Shared(12));
+  ASSERT_EQ(second.reply.outcome(), v1::OUTCOME_OK) << second.reply.message();
+  v1::ShareBestRequest share;
+  share.set_job_id("step");
+  share.set_sender("d");
+  *share.mutable_best() = best;
+  share.set_final_round(1);
+  share.add_targets("a");
+  const RequestId id = next_request_++;
+  const Effects shared = Step(event::ShareBest{id, share});
+  const v1::Reply* answer = Answer<v1::Reply>(shared, id);
+  ASSERT_NE(answer, nullptr);
+  EXPECT_EQ(answer->outcome(), v1::OUTCOME_OK) << answer->message();
+  const auto sends = FindSends(shared, CallKind::kFinalResult);
+  ASSERT_THAT(Targets(sends), ElementsAre("a"));
+  ASSERT_NE(sends[0]->message.model, nullptr);
+  EXPECT_EQ(ModelContentDigest(*sends[0]->message.model), best.digest());
 }
 
 TEST_F(SiteMachineTest, FinalModelsOnlyFromKnownSendersThenDone) {

@@ -147,6 +147,20 @@ void SiteMachine::SendAggregatorTask(uint32_t round) {
        now_ + job_->failover_timeout());
 }
 
+void SiteMachine::KeepBestCopy(const v1::BestRecord& best) {
+  if (!best.present()) return;
+  if (best_model_ != nullptr && best_model_round_ == best.round()) return;
+  if (current_global_ != nullptr && current_global_round_ == best.round()) {
+    // The round this site last trained on scored best: its input is the
+    // best model, kept until a better one (more than one site can then
+    // give BEST at the end).
+    best_model_ = current_global_;
+    best_model_round_ = best.round();
+    return;
+  }
+  best_model_.reset();  // Superseded: a better model exists elsewhere.
+}
+
 void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
                                const std::string& to,
                                const std::string& reason) {
@@ -262,7 +276,9 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   record_.best = header.best();
   const bool rejoined = record_.recovered;
   record_.recovered = false;
+  KeepBestCopy(header.best());
   current_global_ = model;
+  current_global_round_ = header.round();
   PermissionMayChange();
   // The state file tells a restarted daemon that it is in this job (and on
   // which chain): written at the first task, a rejoin, and a failed-over

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 
 namespace swarm {
 namespace {
@@ -63,6 +64,19 @@ absl::StatusOr<std::unique_ptr<StreamDigest>> StreamDigest::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown digest algorithm ", static_cast<int>(algorithm)));
   }
+}
+
+std::string ModelContentDigest(const Model& model) {
+  Xxh3Digest digest;
+  for (size_t i = 0; i < model.num_tensors(); ++i) {
+    const TensorSpec& spec = model.spec(i);
+    std::string table = absl::StrCat(spec.name, "\n", DTypeName(spec.dtype));
+    for (uint64_t dim : spec.shape) absl::StrAppend(&table, ",", dim);
+    const uint32_t index = static_cast<uint32_t>(i);
+    digest.AddChunk(index, 0, table);
+    digest.AddChunk(index, 1, model.tensor_data(i));
+  }
+  return digest.Finish();
 }
 
 void StreamDigest::AddChunk(uint32_t tensor_index, uint64_t offset,

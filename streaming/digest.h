@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "model/model.h"
 #include "proto/swarm.pb.h"
 
 namespace swarm {
@@ -37,6 +38,11 @@ class StreamDigest {
   StreamDigest() = default;
   virtual void Update(const void* data, size_t size) = 0;
 };
+
+// A model's content digest (XXH3-128): every tensor's name, dtype and shape,
+// then its bytes, in table order. Equal models (same table, same bytes) give
+// equal digests whatever their storage or metadata.
+std::string ModelContentDigest(const Model& model);
 
 }  // namespace swarm
 
