@@ -265,13 +265,13 @@ class NetFaults : public ::testing::Test {
                      status->end_reason().c_str());
       }
     }
+    absl::Status torn = CheckNoTornFiles();
+    EXPECT_TRUE(torn.ok()) << torn;
     ASSERT_TRUE(complete) << problem << outcome.reason << "\n"
                           << NetnsSwarm::Table(last) << swarm_->net().Describe()
                           << swarm_->Logs(40);
     absl::Status files = swarm_->CheckFinalFiles(job_.job_id(), finishing);
     EXPECT_TRUE(files.ok()) << files;
-    absl::Status torn = CheckNoTornFiles();
-    EXPECT_TRUE(torn.ok()) << torn;
     CheckRounds(expect, last);
   }
 
@@ -434,7 +434,7 @@ class NetFaults : public ::testing::Test {
           }
           return all ? n == static_cast<int>(sites.size()) : n > 0;
         },
-        absl::Now() + absl::Seconds(120) * TimeScale(), what);
+        absl::Now() + absl::Seconds(60) * TimeScale(), what);
     EXPECT_TRUE(waited.ok()) << waited << swarm_->Logs();
     const absl::Duration took = absl::Now() - from;
     Note(absl::StrCat(
@@ -899,8 +899,12 @@ TEST_F(NetFaults, PartitionIsolatingAggregatorFromHalfTheTrainers) {
   absl::SleepFor(absl::Seconds(20));
   ASSERT_TRUE(swarm_->net().Heal(aggregator).ok());
   Note("healed");
+  // Each side of the partition may lawfully miss rounds of the other (and
+  // the aggregator the round after the heal, if its calls still hang on a
+  // connection the partition broke): only the third trainer is steady.
   Expect expect;
   expect.unsteady = {cut.begin(), cut.end()};
+  expect.unsteady.insert(aggregator);
   ExpectJobCompletes(expect);
 }
 
