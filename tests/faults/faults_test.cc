@@ -27,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -179,13 +180,34 @@ class NetFaults : public ::testing::Test {
 
   // Kill -9 `site`, restart it with the same config and workspace after
   // `down`.
-  void KillAndRestart(const std::string& site, absl::Duration down) {
+  // With `watch`, also notes the time from the kill until some other site
+  // is past round `watch` (the round completed without the killed site,
+  // e.g. at a backup aggregator).
+  void KillAndRestart(const std::string& site, absl::Duration down,
+                      std::optional<uint32_t> watch = std::nullopt) {
     Note(absl::StrCat("kill -9 ", site));
     swarm_->Kill(site);
-    absl::SleepFor(down);
+    const absl::Time killed = absl::Now();
+    const std::string what = watch.has_value()
+                                 ? absl::StrCat("kill to round ", *watch,
+                                                " completed without ", site)
+                                 : "";
+    bool seen = false;
+    if (watch.has_value() &&
+        PastRound(*watch, Others({site}), /*all=*/false, killed + down, what)
+            .ok()) {
+      seen = true;
+      Note(absl::StrCat(what, ": ",
+                        absl::FormatDuration(absl::Trunc(
+                            absl::Now() - killed, absl::Milliseconds(100)))));
+    }
+    absl::SleepFor(killed + down - absl::Now());
     absl::Status restarted = swarm_->StartSite(site);
     ASSERT_TRUE(restarted.ok()) << restarted;
     Note(absl::StrCat("restarted ", site));
+    if (watch.has_value() && !seen) {
+      WaitPastRound(*watch, Others({site}), /*all=*/false, what, killed);
+    }
   }
 
   void Note(const std::string& what) {
@@ -421,14 +443,16 @@ class NetFaults : public ::testing::Test {
   // Polls until some site of `sites` shows a round above `round` (it has
   // the next round's learn task) or is done; with `all`, until every one
   // does. Returns the time waited (or fails the test).
-  absl::Duration WaitPastRound(uint32_t round,
-                               const std::vector<std::string>& sites, bool all,
-                               const std::string& what) {
-    const absl::Time from = absl::Now();
+  // Polls until some site of `sites` shows a round above `round` (it has
+  // the next round's learn task) or is done; with `all`, until every one
+  // does; DeadlineExceeded at `deadline`.
+  absl::Status PastRound(uint32_t round, const std::vector<std::string>& sites,
+                         bool all, absl::Time deadline,
+                         const std::string& what) {
     auto past = [round](const v1::SiteStatus& s) {
       return s.round() > round || s.state() == v1::SITE_STATE_DONE;
     };
-    absl::Status waited = swarm_->WaitFor(
+    return swarm_->WaitFor(
         job_.job_id(),
         [&](const Snapshot& snapshot) {
           int n = 0;
@@ -437,7 +461,18 @@ class NetFaults : public ::testing::Test {
           }
           return all ? n == static_cast<int>(sites.size()) : n > 0;
         },
-        absl::Now() + absl::Seconds(60) * TimeScale(), what);
+        deadline, what);
+  }
+
+  // PastRound with a 60 s deadline (a failure otherwise); notes and returns
+  // the time since `from` (default: now).
+  absl::Duration WaitPastRound(uint32_t round,
+                               const std::vector<std::string>& sites, bool all,
+                               const std::string& what,
+                               absl::Time from = absl::InfinitePast()) {
+    if (from == absl::InfinitePast()) from = absl::Now();
+    absl::Status waited = PastRound(
+        round, sites, all, absl::Now() + absl::Seconds(60) * TimeScale(), what);
     EXPECT_TRUE(waited.ok()) << waited << swarm_->Logs();
     const absl::Duration took = absl::Now() - from;
     Note(absl::StrCat(
@@ -666,7 +701,7 @@ TEST_F(NetFaults, AggregatorKilledWhileTrainersTrain) {
   ASSERT_NO_FATAL_FAILURE(
       WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
   absl::SleepFor(absl::Seconds(1));
-  ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5)));
+  ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5), 1));
   Expect expect;
   expect.unsteady = {aggregator};
   expect.restarted = {aggregator};
@@ -692,7 +727,7 @@ TEST_F(NetFaults, AggregatorKilledWhileGathering) {
     Note(absl::StrCat("aggregator ", aggregator,
                       " before the kill: ", gathering->ShortDebugString()));
   }
-  ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5)));
+  ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5), 1));
   Expect expect;
   expect.unsteady = {aggregator};
   expect.restarted = {aggregator};
@@ -941,7 +976,7 @@ TEST_F(NetFaults, StartingSiteKilledRightAfterStartRestarts) {
   ASSERT_NO_FATAL_FAILURE(Start());
   Note(absl::StrCat("round 0 order ",
                     absl::StrJoin(ElectionOrder(job_, 0), ",")));
-  ASSERT_NO_FATAL_FAILURE(KillAndRestart("s1", absl::Seconds(5)));
+  ASSERT_NO_FATAL_FAILURE(KillAndRestart("s1", absl::Seconds(5), 0));
   Expect expect;
   expect.unsteady = {"s1"};
   expect.restarted = {"s1"};
