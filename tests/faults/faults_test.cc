@@ -192,17 +192,17 @@ class NetFaults : public ::testing::Test {
   // Kill -9 `site`, restart it with the same config and workspace after
   // `down`.
   // With `watch`, also notes the time from the kill until some other site
-  // is past round `watch` (the round completed without the killed site,
-  // e.g. at a backup aggregator).
+  // is past round `watch` (the round completed: at a backup aggregator, or
+  // at the killed site once it is back).
   void KillAndRestart(const std::string& site, absl::Duration down,
                       std::optional<uint32_t> watch = std::nullopt) {
     Note(absl::StrCat("kill -9 ", site));
     swarm_->Kill(site);
     const absl::Time killed = absl::Now();
-    const std::string what = watch.has_value()
-                                 ? absl::StrCat("kill to round ", *watch,
-                                                " completed without ", site)
-                                 : "";
+    const std::string what =
+        watch.has_value()
+            ? absl::StrCat("kill of ", site, " to round ", *watch, " completed")
+            : "";
     bool seen = false;
     if (watch.has_value() &&
         PastRound(*watch, Others({site}), /*all=*/false, killed + down, what)
