@@ -345,9 +345,15 @@ JobOutcome NetnsSwarm::WaitJobEnd(const std::string& job_id,
 }
 
 absl::Status NetnsSwarm::CheckFinalFiles(const std::string& job_id) {
+  return CheckFinalFiles(job_id, names_);
+}
+
+absl::Status NetnsSwarm::CheckFinalFiles(
+    const std::string& job_id, const std::vector<std::string>& sites) {
+  if (sites.empty()) return absl::InvalidArgumentError("no site to check");
   for (const char* which : {"best", "last"}) {
     std::string reference;
-    for (const std::string& name : names_) {
+    for (const std::string& name : sites) {
       const std::string path = absl::StrCat(Workspace(name), "/", job_id, "/",
                                             which, ".safetensors");
       absl::StatusOr<std::string> bytes = ReadBytes(path);
@@ -355,12 +361,12 @@ absl::Status NetnsSwarm::CheckFinalFiles(const std::string& job_id) {
         return absl::NotFoundError(absl::StrCat(
             "site ", name, " has no ", which, ".safetensors (", path, ")"));
       }
-      if (name == names_.front()) {
+      if (name == sites.front()) {
         reference = std::move(*bytes);
       } else if (*bytes != reference) {
         return absl::DataLossError(absl::StrCat(
             "site ", name, "'s ", which, ".safetensors differs from site ",
-            names_.front(), "'s (", bytes->size(), " vs ", reference.size(),
+            sites.front(), "'s (", bytes->size(), " vs ", reference.size(),
             " bytes)"));
       }
     }

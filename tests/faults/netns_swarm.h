@@ -103,6 +103,9 @@ class NetnsSwarm {
   // Every site has <ws>/<job>/best.safetensors and last.safetensors, each
   // byte-identical to the first site's. The first problem otherwise.
   absl::Status CheckFinalFiles(const std::string& job_id);
+  // The same over `sites` only (e.g. the survivors of a case).
+  absl::Status CheckFinalFiles(const std::string& job_id,
+                               const std::vector<std::string>& sites);
 
   // A site's log (last `lines`), and all of them.
   std::string Log(const std::string& name, int lines = 30);
