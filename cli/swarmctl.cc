@@ -259,7 +259,9 @@ absl::Duration StartTimeout(const v1::JobConfig& job) {
 // learn tasks are out. Exit code: 0 when every trainer and the aggregator
 // got its task, 1 naming the ones that did not (the job goes on without
 // them that round) or why the start failed.
-int SendStart(const v1::JobConfig& job, const v1::SiteInfo& to, bool resume) {
+// `done` says what happened on success ("started on site s1").
+int SendStart(const v1::JobConfig& job, const v1::SiteInfo& to, bool resume,
+              const std::string& done) {
   grpc::ClientContext context;
   SetDeadline(&context, StartTimeout(job));
   v1::StartRequest request;
@@ -275,8 +277,7 @@ int SendStart(const v1::JobConfig& job, const v1::SiteInfo& to, bool resume) {
         status.ok() ? reply.message().c_str() : status.error_message().c_str());
     return 1;
   }
-  std::printf("job %s %s on %s; %s\n", job.job_id().c_str(),
-              resume ? "resumed" : "started", SiteLabel(to).c_str(),
+  std::printf("job %s %s; %s\n", job.job_id().c_str(), done.c_str(),
               reply.message().c_str());
   if (reply.not_reached_size() == 0) return 0;
   for (const std::string& site : reply.not_reached()) {
@@ -322,8 +323,9 @@ int Start(const Args& args) {
     }
   }
   if (int code = ConfigureAll(*job); code != 0) return code;
-  return SendStart(*job, *FindSite(*job, job->starting_site()),
-                   /*resume=*/false);
+  const v1::SiteInfo& starter = *FindSite(*job, job->starting_site());
+  return SendStart(*job, starter, /*resume=*/false,
+                   absl::StrCat("started on ", SiteLabel(starter)));
 }
 
 // After the sites restarted (a power cut, a redeploy): every site is sent
@@ -375,9 +377,9 @@ int Resume(const Args& args) {
         job->job_id().c_str());
     return 1;
   }
-  std::printf("resuming job %s at round %lld from %s\n", job->job_id().c_str(),
-              static_cast<long long>(latest), SiteLabel(*from).c_str());
-  return SendStart(*job, *from, /*resume=*/true);
+  return SendStart(*job, *from, /*resume=*/true,
+                   absl::StrCat("resumed at round ", latest, " from ",
+                                SiteLabel(*from)));
 }
 
 std::string StateName(v1::SiteState state) {

@@ -16,9 +16,10 @@ WorkspaceModelStore::LoadUnfinishedJob() {
     const bool ended = site_state == v1::SITE_STATE_DONE ||
                        site_state == v1::SITE_STATE_FAILED ||
                        site_state == v1::SITE_STATE_ABORTED;
-    if (ended || !(state->started() || state->last_completed_round() >= 0)) {
-      continue;
-    }
+    // A job configured but not yet started counts too: the daemon may have
+    // died between the start and the first state write (its learn tasks
+    // then find it in the job; start_timeout_ms bounds the wait).
+    if (ended) continue;
     if (newest.has_value() &&
         newest->state.updated_time_ms() >= state->updated_time_ms()) {
       continue;

@@ -28,8 +28,9 @@ struct StoredJob {
 class ModelStore {
  public:
   virtual ~ModelStore() = default;
-  // The job this site was last in, if it was started and has not ended
-  // (the newest state file); nullopt when there is none. Default: none.
+  // The job this site was last in, if it has not ended (configured or
+  // started: the newest state file); nullopt when there is none. Default:
+  // none.
   virtual absl::StatusOr<std::optional<StoredJob>> LoadUnfinishedJob() {
     return std::nullopt;
   }

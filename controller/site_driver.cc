@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/storage_error.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
 #include "model/weight_diff.h"
@@ -407,6 +408,8 @@ void SiteDriver::Write(effect::Persist& persist) {
       store_->ClearOffload(persist.job_id).IgnoreError();
       break;
   }
+  // Whatever the store failed to write is this site's disk's failure.
+  status = AsStorageError(std::move(status));
   if (persist.notify || !status.ok()) {
     Feed(event::PersistDone{persist.persist, status,
                             std::string(PersistName(persist.what))});

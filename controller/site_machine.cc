@@ -252,6 +252,7 @@ void SiteMachine::ResetForJob(v1::JobConfig job, std::string offload_dir) {
   best_model_.reset();
   best_model_round_ = 0;
   current_global_.reset();
+  current_task_.reset();
   pending_finals_.clear();
   counters_ = v1::SiteCounters();
   closed_rounds_ = RoundCounters();
@@ -319,6 +320,11 @@ void SiteMachine::OnRecover(event::Recover& e) {
   } else {
     record_.state =
         record_.started ? v1::SITE_STATE_IDLE : v1::SITE_STATE_CONFIGURED;
+    if (!record_.started && IsTrainer(options_.site)) {
+      Timer timer;
+      timer.purpose = Timer::Purpose::kStartDeadline;
+      SetTimer(now_ + job_->start_timeout(), timer);
+    }
   }
   PermissionMayChange();
   SWARM_LOG_INFO(
@@ -461,6 +467,9 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   absl::StatusOr<Admitted> admitted = AdmitStream(job_.get(), record_, header);
   absl::StatusOr<ModelAdmission> answer;
   if (!admitted.ok()) {
+    if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.handoff()) {
+      CatchUp(header);
+    }
     answer = admitted.status();
   } else if (!admitted->receive_body) {
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
@@ -553,9 +562,15 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
   pending_finals_.erase(it);
   const v1::ModelHeader& header = pending.header;
   if (!e.status.ok()) {
-    ReportError(absl::StrCat("saving ", v1::ModelKind_Name(header.kind())),
-                e.status);
-    return Reply(pending.request, ReplyFromStatus(e.status));
+    // This site's disk cannot take the final model: it leaves the job
+    // (the sender, answered ABORTED, does not retry); the others finish.
+    const std::string what =
+        absl::StrCat("saving ", v1::ModelKind_Name(header.kind()));
+    Fail(what, e.status);
+    return Reply(pending.request,
+                 MakeReply(v1::OUTCOME_ABORTED,
+                           absl::StrCat("site ", options_.site, " failed (",
+                                        what, ": ", e.status.message(), ")")));
   }
   absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
   if (!job.ok()) return Reply(pending.request, ReplyFromStatus(job));
@@ -585,6 +600,13 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
       return OnFinalDone(call, e);
     case Call::Purpose::kShareBest:
       return OnShareBestDone(call, e);
+    case Call::Purpose::kCatchUp:
+      if (!e.reply.ok()) {
+        ReportError(absl::StrCat("round ", call.round, ": learn task to ",
+                                 call.target, " (catching up)"),
+                    e.reply.status());
+      }
+      return;
   }
 }
 

@@ -303,6 +303,9 @@ class SiteMachine {
       kFinal,
       kShareBest,
       kHandoff,  // A trainer hands its round to an aggregator (failover).
+      // The newer round's task to a trainer that handed over a round this
+      // site is past (its scatter was lost with its aggregator).
+      kCatchUp,
     };
     Purpose purpose = Purpose::kTaskToTrainer;
     std::string target;
@@ -479,6 +482,9 @@ class SiteMachine {
   // A learn task admitted without its body (TaskVerdict kRepeat, kTakeOver,
   // kNoted): what it changes here.
   void OnHeldTask(const v1::ModelHeader& header, TaskVerdict verdict);
+  // A handoff of a round this site is past: sends the trainer the task of
+  // the round this site holds, if it has it.
+  void CatchUp(const v1::ModelHeader& stale);
   // A backup aggregator takes over the round it holds as a trainer.
   void TakeOver(const v1::ModelHeader& header);
   // Drops what this site did on a chain that lost (design section 6).
@@ -565,6 +571,8 @@ class SiteMachine {
   uint64_t next_training_ = 1;
   std::shared_ptr<const Model> current_global_;
   uint32_t current_global_round_ = 0;  // The round it is the input of.
+  // The learn task of that round as this site accepted it (for CatchUp).
+  std::optional<v1::ModelHeader> current_task_;
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_;
   v1::SiteCounters counters_;
   RoundCounters closed_rounds_;

@@ -147,6 +147,33 @@ void SiteMachine::SendAggregatorTask(uint32_t round) {
        now_ + job_->failover_timeout());
 }
 
+void SiteMachine::CatchUp(const v1::ModelHeader& stale) {
+  if (!Active() || !current_task_.has_value() || current_global_ == nullptr ||
+      current_task_->round() <= stale.round() ||
+      !job_->IsTrainer(stale.sender()) || stale.sender() == options_.site) {
+    return;
+  }
+  // The trainer lost its aggregator while that aggregator's scatter of the
+  // next round was under way and did not reach it: this site has that
+  // round's task, and hands it on (as a handoff: it comes from a trainer,
+  // not from the round's scatterer).
+  PeerMessage message;
+  message.kind = CallKind::kLearnTask;
+  message.header = *current_task_;
+  message.header.set_sender(options_.site);
+  message.header.set_handoff(true);
+  message.header.clear_expected_trainers();
+  message.model = current_global_;
+  message.timeout = job_->learn_task_ack_timeout();
+  Call call;
+  call.purpose = Call::Purpose::kCatchUp;
+  call.round = current_task_->round();
+  SWARM_LOG_INFO("round %d: %s handed over round %d, which is past here; "
+                 "sending it round %d's learn task",
+                 call.round, stale.sender(), stale.round(), call.round);
+  Send(stale.sender(), std::move(message), call, /*retry=*/true);
+}
+
 void SiteMachine::KeepBestCopy(const v1::BestRecord& best) {
   if (!best.present()) return;
   if (best_model_ != nullptr && best_model_round_ == best.round()) return;
@@ -279,6 +306,7 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   KeepBestCopy(header.best());
   current_global_ = model;
   current_global_round_ = header.round();
+  current_task_ = header;
   PermissionMayChange();
   // The state file tells a restarted daemon that it is in this job (and on
   // which chain): written at the first task, a rejoin, and a failed-over
