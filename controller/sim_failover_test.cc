@@ -82,14 +82,15 @@ void ExpectExactAmong(Sim& sim, const std::vector<int>& sites, uint32_t cut) {
   }
 }
 
-// (kill point, sites): 5 or 9 sites, so that 4 or 8 survive.
+// (kill point, sites): 4, 5, 8 or 9 sites.
 class FailoverTest
     : public ::testing::TestWithParam<std::tuple<KillPoint, int>> {};
 
 TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
-  // N sites (5 or 9), 5 rounds. The dead aggregator weighs N - 1, the
-  // others 1 each, so that every round's total weight is a power of two
-  // with or without it (the aggregates are then exact to the bit).
+  // N sites, 5 rounds. The survivors weigh 1 each but one, which makes
+  // their total the power of two P at or above N - 1; the dead aggregator
+  // weighs P: every round's total weight is then a power of two with or
+  // without it (the aggregates are exact to the bit).
   const KillPoint point = std::get<0>(GetParam());
   const int sites = std::get<1>(GetParam());
   SimConfig config = Config(sites, 5);
@@ -97,8 +98,14 @@ TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
   const uint32_t round = RoundToBreak(probe);
   ASSERT_LT(round, probe.rounds()) << "change the seed";
   const int dead = probe.Index(probe.Aggregator(round));
+  uint64_t power = 1;
+  while (power < static_cast<uint64_t>(sites - 1)) power *= 2;
+  const int heavy = dead == 0 ? 1 : 0;  // The survivor that tops up.
   config.learner = [&](int i, TestLearnerOptions* options) {
-    options->sample_count = i == dead ? static_cast<uint64_t>(sites - 1) : 1;
+    options->sample_count = i == dead    ? power
+                            : i == heavy ? power - static_cast<uint64_t>(
+                                                       sites - 2)
+                                         : 1;
   };
   Sim sim(config);
   const std::string aggregator = Sim::Name(dead);
@@ -199,7 +206,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          KillPoint::kWhileTrainersTrain,
                                          KillPoint::kWhileGathering,
                                          KillPoint::kBeforeItsScatter),
-                       ::testing::Values(5, 9)),
+                       ::testing::Values(4, 5, 8, 9)),
     [](const ::testing::TestParamInfo<std::tuple<KillPoint, int>>& info) {
       return absl::StrCat(Name(std::get<0>(info.param)), "_",
                           std::get<1>(info.param), "Sites");
