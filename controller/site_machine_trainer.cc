@@ -268,6 +268,12 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
   counters_.set_failovers(counters_.failovers() + 1);
   task.header.set_aggregator(backup);
   task.header.set_attempt(next);
+  // The aggregator given up on does not train this round either (a trainer
+  // the backup would wait two failover timeouts for).
+  auto* expected = task.header.mutable_expected_trainers();
+  for (int i = expected->size() - 1; i >= 0; --i) {
+    if (expected->Get(i) == call.target) expected->DeleteSubrange(i, 1);
+  }
   SendAggregatorTask(call.round);
 }
 
