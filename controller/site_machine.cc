@@ -656,6 +656,8 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
               "), or its tasks never reached this site")));
     case Timer::Purpose::kFinalGrace:
       return OnFinalGrace(timer.broadcast);
+    case Timer::Purpose::kBestDeadline:
+      return OnBestDeadline(timer.round);
   }
 }
 

@@ -331,6 +331,8 @@ class SiteMachine {
       // A trainer configured start_timeout ago that never got a learn task
       // leaves the job (the start never came).
       kStartDeadline,
+      // LAST came final_result_ack_timeout ago and BEST never followed.
+      kBestDeadline,
     };
     Purpose purpose = Purpose::kRoundDeadline;
     uint32_t round = 0;
@@ -534,6 +536,7 @@ class SiteMachine {
   // BEST to `targets`, after their LAST (from here, or via the holder).
   void SendBest(const Broadcast& done, std::vector<std::string> targets);
   void OnFinalGrace(uint64_t broadcast);
+  void OnBestDeadline(uint32_t last_round);
   void AskNextHolder(uint64_t ask);
   void OnShareBestDone(const Call& call, const event::CallDone& e);
   v1::Reply AcceptFinal(const v1::ModelHeader& header,

@@ -128,6 +128,20 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
   }
 }
 
+void SiteMachine::OnBestDeadline(uint32_t last_round) {
+  if (job_ == nullptr || IsTerminal(record_.state) ||
+      finals_.count(v1::MODEL_KIND_BEST) > 0 ||
+      finals_.count(v1::MODEL_KIND_LAST) == 0) {
+    return;
+  }
+  Fail("final models",
+       absl::DeadlineExceededError(absl::StrCat(
+           "LAST of round ", last_round, " arrived but no BEST within twice ",
+           "final_result_ack_timeout_ms; no site holding the best model (round ",
+           record_.best.round(), ", scored by ", record_.best.site(),
+           ") gave it")));
+}
+
 void SiteMachine::OnFinalGrace(uint64_t id) {
   auto it = broadcasts_.find(id);
   if (it == broadcasts_.end() || it->second.advanced) return;
@@ -287,6 +301,14 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
     PersistState();
     SWARM_LOG_INFO("job %s: done (best metric %s)", header.job_id(),
                    FormatMetric(record_.best));
+  } else if (header.kind() == v1::MODEL_KIND_LAST &&
+             finals_.count(v1::MODEL_KIND_BEST) == 0) {
+    // BEST follows LAST; if no holder gives it within the finals' bound,
+    // the site ends failed, saying so, rather than waiting for ever.
+    Timer timer;
+    timer.purpose = Timer::Purpose::kBestDeadline;
+    timer.round = header.round();
+    SetTimer(now_ + 2 * job_->final_result_ack_timeout(), timer);
   }
   return MakeReply(v1::OUTCOME_OK, "stored");
 }

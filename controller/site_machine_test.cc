@@ -340,6 +340,24 @@ TEST_F(SiteMachineTest, LastAggregatorAsksTheHolderToShareTheBest) {
   EXPECT_THAT(FindSends(given, CallKind::kShareBest), IsEmpty());
 }
 
+TEST_F(SiteMachineTest, LastWithoutBestEndsFailedAfterTheFinalsBound) {
+  const v1::BestRecord best = Best("c", 0.9, 0);
+  Make("b");
+  Deliver(LearnTask(1, {}, best), Shared(1));
+  const Delivery last =
+      Deliver(Header(v1::MODEL_KIND_LAST, 1, "d", best), Shared(6));
+  EXPECT_EQ(last.reply.outcome(), v1::OUTCOME_OK);
+  const auto timers = All<effect::SetTimer>(last.effects);
+  ASSERT_EQ(timers.size(), 1u);
+  EXPECT_EQ(timers[0]->when,
+            now_ + 2 * absl::Milliseconds(view_->config().final_result_ack_timeout_ms()));
+  EXPECT_NE(Status().state(), v1::SITE_STATE_FAILED);
+  Fire(*timers[0]);
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_FAILED);
+  EXPECT_THAT(Status().last_error(), HasSubstr("no BEST"));
+  EXPECT_THAT(Status().last_error(), HasSubstr("scored by c"));
+}
+
 TEST_F(SiteMachineTest, BestFromAnotherHolderMustMatchTheRecordsDigest) {
   v1::BestRecord best = Best("c", 0.9, 0);
   best.set_digest(ModelContentDigest(*Shared(5)));
