@@ -66,22 +66,25 @@ std::string CloseLabels(const std::string& open) {
 // A counter or gauge child: one line.
 template <typename T>
 void AppendChild(const std::string& name, const std::vector<std::string>& names,
-                 const std::vector<std::string>& values, const T& child,
-                 std::string* out) {
+                 const std::vector<std::string>& values,
+                 const std::vector<std::string>& /*bound_texts*/,
+                 const T& child, std::string* out) {
   absl::StrAppend(out, name, CloseLabels(OpenLabels(names, values)), " ",
                   FormatMetricValue(child.Value()), "\n");
 }
 
+// `bound_texts`: the family's bucket bounds as formatted once (the last
+// "+Inf"), so that a scrape does not format them again for every child.
 void AppendChild(const std::string& name, const std::vector<std::string>& names,
-                 const std::vector<std::string>& values, const Histogram& child,
-                 std::string* out) {
+                 const std::vector<std::string>& values,
+                 const std::vector<std::string>& bound_texts,
+                 const Histogram& child, std::string* out) {
   const Histogram::Snapshot snap = child.Read();
   const std::string open = OpenLabels(names, values);
   const std::string le_prefix = open.empty() ? "{le=\"" : open + ",le=\"";
   for (size_t i = 0; i <= snap.bounds.size(); ++i) {
-    const double bound = i < snap.bounds.size() ? snap.bounds[i] : INFINITY;
-    absl::StrAppend(out, name, "_bucket", le_prefix, FormatMetricValue(bound),
-                    "\"} ", snap.cumulative[i], "\n");
+    absl::StrAppend(out, name, "_bucket", le_prefix, bound_texts[i], "\"} ",
+                    snap.cumulative[i], "\n");
   }
   const std::string labels = CloseLabels(open);
   absl::StrAppend(out, name, "_sum", labels, " ", FormatMetricValue(snap.sum),
@@ -204,9 +207,11 @@ std::string FormatMetricValue(double value) {
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   if (value == 0) return "0";
   if (value == std::trunc(value) && std::fabs(value) < 1e15) {
-    return absl::StrFormat("%.0f", value);
+    return absl::StrCat(static_cast<int64_t>(value));
   }
-  std::string text;
+  // Most values print exactly in six digits (absl's fast formatting).
+  std::string text = absl::StrCat(value);
+  if (std::strtod(text.c_str(), nullptr) == value) return text;
   for (int precision = 15; precision <= 17; ++precision) {
     text = absl::StrFormat("%.*g", precision, value);
     if (std::strtod(text.c_str(), nullptr) == value) break;
@@ -318,7 +323,10 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
       help_(std::move(help)),
       type_(type),
       label_names_(std::move(label_names)),
-      bounds_(std::move(bounds)) {}
+      bounds_(std::move(bounds)) {
+  for (double bound : bounds_) bound_texts_.push_back(FormatMetricValue(bound));
+  bound_texts_.push_back("+Inf");
+}
 
 absl::Status FamilyBase::CheckLabelValues(
     const std::vector<std::string>& values) const {
@@ -350,7 +358,7 @@ template <typename T>
 void Family<T>::AppendSamples(std::string* out) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [values, child] : children_) {
-    AppendChild(name(), label_names(), values, *child, out);
+    AppendChild(name(), label_names(), values, bound_texts(), *child, out);
   }
 }
 

@@ -109,6 +109,8 @@ class FamilyBase {
   MetricType type() const { return type_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   const std::vector<double>& bounds() const { return bounds_; }
+  // Histograms: the bounds as the exposition prints them, then "+Inf".
+  const std::vector<std::string>& bound_texts() const { return bound_texts_; }
 
   // Appends the sample lines (not # HELP / # TYPE), sorted by label values.
   virtual void AppendSamples(std::string* out) const = 0;
@@ -123,6 +125,7 @@ class FamilyBase {
   const MetricType type_;
   const std::vector<std::string> label_names_;
   const std::vector<double> bounds_;  // Histograms only.
+  std::vector<std::string> bound_texts_;
 };
 
 }  // namespace metrics_internal

@@ -45,7 +45,7 @@ class RoundRecorder {
  public:
   // Keeps the records of the last `max_jobs` jobs, at most `max_rounds`
   // rounds each (the oldest rounds go first).
-  explicit RoundRecorder(int max_jobs = 4, int max_rounds = 100000);
+  explicit RoundRecorder(int max_jobs = 4, int max_rounds = 10000);
   RoundRecorder(const RoundRecorder&) = delete;
   RoundRecorder& operator=(const RoundRecorder&) = delete;
 
