@@ -1,6 +1,7 @@
 #include "report/job_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -96,6 +97,7 @@ struct Frame {
   uint32_t last_round = 0;
   double y_min = 0;
   double y_max = 1;
+  double y_step = 0.2;
 
   // Rounds sit half a slot in from the ends, so that bars and cells clear
   // the axis and the row labels.
@@ -135,13 +137,34 @@ struct Frame {
                           (kLeft + kWidth - kRight) / 2, height - 2);
     return out;
   }
-  std::string YAxis(int ticks) const {
+  // Widens [lo, hi] to whole multiples of a step of 1, 2 or 5 times a
+  // power of ten, about `ticks` of them: the y axis's range and ticks.
+  void NiceRange(double lo, double hi, int ticks) {
+    if (!(hi > lo)) {
+      const double pad = std::max(std::fabs(lo) * 0.05, 1e-3);
+      lo -= pad;
+      hi += pad;
+    }
+    const double raw = (hi - lo) / ticks;
+    const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+    y_step = 10 * magnitude;
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * magnitude >= raw) {
+        y_step = m * magnitude;
+        break;
+      }
+    }
+    y_min = std::floor(lo / y_step) * y_step;
+    y_max = std::ceil(hi / y_step) * y_step;
+  }
+  std::string YAxis() const {
     std::string out = absl::StrFormat(
         "<line class=\"axis\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
         "y2=\"%.1f\"/>",
         kLeft, kTop, kLeft, height - kBottom);
+    const int ticks = static_cast<int>(std::lround((y_max - y_min) / y_step));
     for (int i = 0; i <= ticks; ++i) {
-      const double value = y_min + (y_max - y_min) * i / ticks;
+      const double value = y_min + y_step * i;
       absl::StrAppendFormat(
           &out,
           "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
@@ -486,9 +509,11 @@ std::string JobReport::Html() const {
         any = true;
       }
     }
-    const double pad = any ? std::max((hi - lo) * 0.08, 1e-3) : 0.5;
-    f.y_min = lo - pad;
-    f.y_max = hi + pad;
+    if (any) {
+      f.NiceRange(lo, hi, 5);
+    } else {
+      f.NiceRange(0, 1, 5);
+    }
     struct Series {
       const char* cls;
       const char* color;
@@ -536,7 +561,7 @@ std::string JobReport::Html() const {
     absl::StrAppend(&out, "<h2>Learning curve (", Escape(metric_name_),
                     ")</h2>\n", legend, "</div>\n",
                     SvgOpen("learning-curve", f, points, "learning curve"),
-                    f.YAxis(5), f.XAxis(), body, "</svg>\n");
+                    f.YAxis(), f.XAxis(), body, "</svg>\n");
   }
 
   // 2. Round time, stacked by phase (mean over the sites).
@@ -548,8 +573,7 @@ std::string JobReport::Html() const {
       for (const auto& [phase, seconds] : r.phase_seconds) total += seconds;
       hi = std::max(hi, total);
     }
-    f.y_min = 0;
-    f.y_max = hi > 0 ? hi * 1.08 : 1;
+    f.NiceRange(0, hi > 0 ? hi : 1, 4);
     std::string body;
     int points = 0;
     const double width = f.Slot() * 0.7;
@@ -590,7 +614,7 @@ std::string JobReport::Html() const {
     absl::StrAppend(
         &out, "<h2>Round time by phase (seconds, mean over the sites)</h2>\n",
         legend, "</div>\n",
-        SvgOpen("round-time", f, points, "round time by phase"), f.YAxis(4),
+        SvgOpen("round-time", f, points, "round time by phase"), f.YAxis(),
         f.XAxis(), body, "</svg>\n");
   }
 
