@@ -1,4 +1,5 @@
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -156,6 +157,26 @@ TEST(RoundRecorderTest, KeepsTheLastJobsOnly) {
   s.mutable_status()->clear_job_id();
   idle.Observe(s, At(0), {});
   EXPECT_FALSE(idle.History("", At(0)).known());
+}
+
+TEST(RoundRecorderTest, HistoryWhileObserving) {
+  // The watcher thread observes while gRPC threads read the history.
+  RoundRecorder recorder;
+  std::thread watcher([&recorder] {
+    for (uint32_t round = 0; round < 200; ++round) {
+      v1::StatusReply s = Status(v1::SITE_STATE_TRAINING, round);
+      s.mutable_status()->mutable_counters()->set_rounds_trained(round);
+      recorder.Observe(s, At(static_cast<int>(round) * 10), {round, round});
+    }
+  });
+  size_t seen = 0;
+  for (int i = 0; i < 200; ++i) {
+    const v1::HistoryReply history = recorder.History("job-1", At(5000));
+    EXPECT_GE(static_cast<size_t>(history.rounds_size()), seen);
+    seen = history.rounds_size();
+  }
+  watcher.join();
+  EXPECT_EQ(recorder.History("job-1", At(5000)).rounds_size(), 200);
 }
 
 // --- JobReport -------------------------------------------------------------
