@@ -6,7 +6,12 @@
 // is done, stops the daemons, and reads the per-round times from their logs.
 //
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
-//               [--max-concurrent N] [--insecure] [--keep]
+//               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
+//
+// --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
+// runs a scraper thread that GETs every site's /metrics HZ times per second
+// while the job runs (issue 15: a scrape must not slow the round); it
+// prints the scrapes made, failed and their mean time.
 //
 // --client defaults to ../cli/swarm-client next to this binary (the build
 // tree's layout). The job: the test learner with a 1 KiB model (256 F32) and
@@ -65,6 +70,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
@@ -72,6 +78,7 @@
 #include "proto/swarm.pb.h"
 #include "rpc/tls.h"
 #include "security/provision.h"
+#include "tests/integration/http_get.h"
 
 extern char** environ;
 
@@ -89,6 +96,8 @@ struct Options {
   int max_concurrent = 0;  // 0: the job default.
   // Plaintext instead of the default mTLS.
   bool insecure = false;
+  // Scrapes of every site's /metrics per second during the job (0: none).
+  double scrape_hz = 0;
 };
 
 struct Daemon {
@@ -96,6 +105,7 @@ struct Daemon {
   pid_t pid = -1;
   int stdout_fd = -1;
   std::string address;
+  std::string metrics_address;  // With --scrape-hz.
   std::string log_path;
 };
 
@@ -123,7 +133,7 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
 // Starts `client --config config` with stdout on a pipe and stderr in
 // `log_path`; waits for its "listening on HOST:PORT" line.
 absl::Status Launch(const std::string& client, const std::string& config,
-                    bool insecure, Daemon* daemon) {
+                    bool insecure, bool metrics, Daemon* daemon) {
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe failed");
   posix_spawn_file_actions_t actions;
@@ -160,6 +170,9 @@ absl::Status Launch(const std::string& client, const std::string& config,
       absl::string_view view = line;
       if (absl::ConsumePrefix(&view, "listening on ")) {
         daemon->address = std::string(view);
+        if (!metrics) return absl::OkStatus();
+      } else if (absl::ConsumePrefix(&view, "metrics listening on ")) {
+        daemon->metrics_address = std::string(view);
         return absl::OkStatus();
       }
       continue;
@@ -195,6 +208,72 @@ void Stop(std::vector<Daemon>& daemons) {
     }
   }
 }
+
+// GETs every site's /metrics `hz` times per second from one thread, until
+// Stop. Each GET is bounded (1 s); a tick that overruns starts the next at
+// once.
+class Scraper {
+ public:
+  Scraper(const std::vector<Daemon>& daemons, double hz) {
+    if (hz <= 0) return;
+    for (const Daemon& daemon : daemons) {
+      addresses_.push_back(daemon.metrics_address);
+    }
+    period_ = absl::Seconds(1) / hz;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Scraper() { Stop(); }
+
+  void Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+  int scrapes() const { return scrapes_; }
+  int failures() const { return failures_; }
+  double mean_ms() const {
+    return scrapes_ > 0 ? absl::ToDoubleMilliseconds(total_) / scrapes_ : 0;
+  }
+  const std::string& first_error() const { return first_error_; }
+
+ private:
+  void Loop() {
+    absl::Time next = absl::Now();
+    while (!stop_.HasBeenNotified()) {
+      for (const std::string& address : addresses_) {
+        const absl::Time start = absl::Now();
+        absl::StatusOr<testing::HttpResponse> response =
+            testing::HttpGet(address, "/metrics", start + absl::Seconds(1));
+        total_ += absl::Now() - start;
+        ++scrapes_;
+        if (!response.ok() || response->status != 200 ||
+            !absl::StrContains(response->body, "swarm_round")) {
+          if (failures_++ == 0) {
+            first_error_ = response.ok()
+                               ? absl::StrCat("HTTP ", response->status)
+                               : std::string(response.status().message());
+          }
+        }
+      }
+      next += period_;
+      const absl::Duration wait = next - absl::Now();
+      if (wait > absl::ZeroDuration()) {
+        stop_.WaitForNotificationWithTimeout(wait);
+      } else {
+        next = absl::Now();
+      }
+    }
+  }
+
+  std::vector<std::string> addresses_;
+  absl::Duration period_;
+  absl::Notification stop_;
+  std::thread thread_;
+  // The loop's own; read after Stop.
+  int scrapes_ = 0;
+  int failures_ = 0;
+  absl::Duration total_;
+  std::string first_error_;
+};
 
 // CPU time (user + system) used so far by process `pid` and its threads.
 double CpuMillis(pid_t pid) {
@@ -311,6 +390,10 @@ struct SizeResult {
   double cpu_ms = 0;
   // The most threads one daemon had at once during the job (sampled).
   int max_threads = 0;
+  // With --scrape-hz: GETs of /metrics made, failed, their mean time.
+  int scrapes = 0;
+  int scrape_failures = 0;
+  double scrape_ms = 0;
 };
 
 double Percentile(std::vector<double> values, double q) {
@@ -420,6 +503,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     if (!options.insecure) {
       site.set_tls_dir(absl::StrCat(pki, "/sites/", daemon.name));
     }
+    if (options.scrape_hz > 0) site.set_metrics_listen("127.0.0.1:0");
     absl::StatusOr<std::string> json = ToJson(site);
     if (!json.ok()) {
       status = json.status();
@@ -428,7 +512,8 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     const std::string path = absl::StrCat(dir, "/", daemon.name, ".json");
     status = WriteFile(path, *json);
     if (status.ok()) {
-      status = Launch(options.client, path, options.insecure, &daemon);
+      status = Launch(options.client, path, options.insecure,
+                      options.scrape_hz > 0, &daemon);
     }
   }
   SizeResult result;
@@ -473,6 +558,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     const double cpu_before = TotalCpuMillis(daemons);
     ThreadSampler threads(daemons);
+    Scraper scraper(daemons, status.ok() ? options.scrape_hz : 0);
     const absl::Time start = absl::Now();
     if (status.ok()) {
       grpc::ClientContext context;
@@ -528,6 +614,15 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     result.job_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     result.cpu_ms = TotalCpuMillis(daemons) - cpu_before;
     result.max_threads = threads.Stop();
+    scraper.Stop();
+    result.scrapes = scraper.scrapes();
+    result.scrape_failures = scraper.failures();
+    result.scrape_ms = scraper.mean_ms();
+    if (scraper.failures() > 0 && status.ok()) {
+      status = absl::InternalError(
+          absl::StrCat(scraper.failures(), " of ", scraper.scrapes(),
+                       " scrapes failed, the first: ", scraper.first_error()));
+    }
   }
   Stop(daemons);
   if (status.ok()) {
@@ -598,11 +693,17 @@ int Run(int argc, char** argv) {
       options.keep = true;
     } else if (arg == "--insecure") {
       options.insecure = true;
+    } else if (arg == "--scrape-hz") {
+      if (!absl::SimpleAtod(value(), &options.scrape_hz) ||
+          options.scrape_hz < 0 || options.scrape_hz > 1000) {
+        std::fprintf(stderr, "round_bench: bad --scrape-hz (0..1000)\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: round_bench [--client PATH] [--sites 2,4,8,16] "
                    "[--rounds 20] [--max-concurrent N] [--insecure] "
-                   "[--keep]\n");
+                   "[--keep] [--scrape-hz HZ]\n");
       return 2;
     }
   }
@@ -638,6 +739,13 @@ int Run(int argc, char** argv) {
         *std::max_element(result->round_ms.begin(), result->round_ms.end()),
         result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
         LoadAverage().c_str());
+    if (options.scrape_hz > 0) {
+      std::printf(
+          "scrape_hz=%g scrapes=%d failed=%d mean_scrape_ms=%.2f (every "
+          "site's /metrics)\n",
+          options.scrape_hz, result->scrapes, result->scrape_failures,
+          result->scrape_ms);
+    }
     std::fflush(stdout);
   }
   const int last = options.sizes.back();

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 
 namespace swarm {
@@ -111,9 +112,65 @@ void MeteredTransport::Send(const v1::SiteInfo& to, PeerMessage message,
           (*bytes_->WithLabels({site_, peer}))
               ->Inc(static_cast<double>(model_bytes))
               .IgnoreError();
+          bytes_sent_.fetch_add(model_bytes, std::memory_order_relaxed);
         }
         done(std::move(reply));
       });
+}
+
+absl::StatusOr<std::unique_ptr<ReceivedModelMeter>> ReceivedModelMeter::Create(
+    MetricsRegistry* registry, std::string site) {
+  absl::StatusOr<CounterFamily*> models = registry->AddCounter(
+      "swarm_peer_models_received_total",
+      "Model streams this site received whole from a peer (learn tasks, "
+      "results, final models), before judging them.",
+      {"site", "peer"});
+  if (!models.ok()) return models.status();
+  absl::StatusOr<CounterFamily*> bytes = registry->AddCounter(
+      "swarm_peer_model_bytes_received_total",
+      "Tensor bytes of the models this site received whole from a peer.",
+      {"site", "peer"});
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<CounterFamily*> broken = registry->AddCounter(
+      "swarm_peer_streams_broken_total",
+      "Model streams from a peer that broke before their end (a bad frame, "
+      "a digest mismatch, the sender went away).",
+      {"site", "peer"});
+  if (!broken.ok()) return broken.status();
+  absl::StatusOr<CounterFamily*> digest = registry->AddCounter(
+      "swarm_digest_failures_total",
+      "Model streams from a peer whose digest did not match their trailer.",
+      {"site", "peer"});
+  if (!digest.ok()) return digest.status();
+  return std::unique_ptr<ReceivedModelMeter>(new ReceivedModelMeter(
+      std::move(site), *models, *bytes, *broken, *digest));
+}
+
+ReceivedModelMeter::ReceivedModelMeter(std::string site, CounterFamily* models,
+                                       CounterFamily* bytes,
+                                       CounterFamily* broken,
+                                       CounterFamily* digest_failures)
+    : site_(std::move(site)),
+      models_(models),
+      bytes_(bytes),
+      broken_(broken),
+      digest_failures_(digest_failures) {}
+
+void ReceivedModelMeter::Observe(const std::string& peer, uint64_t bytes,
+                                 const absl::Status& status) {
+  if (status.ok()) {
+    (*models_->WithLabels({site_, peer}))->Inc().IgnoreError();
+    (*bytes_->WithLabels({site_, peer}))
+        ->Inc(static_cast<double>(bytes))
+        .IgnoreError();
+    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+    return;
+  }
+  (*broken_->WithLabels({site_, peer}))->Inc().IgnoreError();
+  if (status.code() == absl::StatusCode::kDataLoss &&
+      absl::StrContains(status.message(), "digest mismatch")) {
+    (*digest_failures_->WithLabels({site_, peer}))->Inc().IgnoreError();
+  }
 }
 
 }  // namespace swarm

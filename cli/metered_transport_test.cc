@@ -122,6 +122,44 @@ TEST(MeteredTransportTest, CountsCallsModelsAndBytesPerPeer) {
                    "swarm_peer_call_seconds_count{site=\"site-a\","
                    "peer=\"site-b\",kind=\"learn_task\"}"),
             1);
+  EXPECT_EQ((*metered)->bytes_sent(), 1024u + 2048u);
+}
+
+TEST(ReceivedModelMeterTest, CountsModelsBytesAndDigestFailuresPerPeer) {
+  MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<ReceivedModelMeter>> meter =
+      ReceivedModelMeter::Create(&registry, "site-a");
+  ASSERT_TRUE(meter.ok()) << meter.status();
+  (*meter)->Observe("site-b", 1000, absl::OkStatus());
+  (*meter)->Observe("site-b", 500, absl::OkStatus());
+  (*meter)->Observe("site-c", 300, absl::OkStatus());
+  (*meter)->Observe("site-c", 300,
+                    absl::DataLossError("digest mismatch: computed 00, "
+                                        "trailer says 01"));
+  (*meter)->Observe("site-c", 300,
+                    absl::DataLossError("trailer counts 3 chunks, 2 arrived"));
+  EXPECT_EQ((*meter)->bytes_received(), 1800u);
+  const std::string text = registry.Exposition();
+  EXPECT_EQ(Sample(text,
+                   "swarm_peer_models_received_total{site=\"site-a\","
+                   "peer=\"site-b\"}"),
+            2);
+  EXPECT_EQ(Sample(text,
+                   "swarm_peer_model_bytes_received_total{site=\"site-a\","
+                   "peer=\"site-b\"}"),
+            1500);
+  EXPECT_EQ(Sample(text,
+                   "swarm_peer_model_bytes_received_total{site=\"site-a\","
+                   "peer=\"site-c\"}"),
+            300);
+  EXPECT_EQ(Sample(text,
+                   "swarm_peer_streams_broken_total{site=\"site-a\","
+                   "peer=\"site-c\"}"),
+            2);
+  EXPECT_EQ(Sample(text,
+                   "swarm_digest_failures_total{site=\"site-a\","
+                   "peer=\"site-c\"}"),
+            1);
 }
 
 }  // namespace

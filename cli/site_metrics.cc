@@ -67,6 +67,11 @@ struct SiteMetrics::Families {
   CounterFamily* results_accepted = nullptr;
   CounterFamily* results_rejected = nullptr;
   CounterFamily* permissions_granted = nullptr;
+  CounterFamily* failovers = nullptr;
+  CounterFamily* rounds_taken_over = nullptr;
+  CounterFamily* discarded_aggregates = nullptr;
+  CounterFamily* trainers_dropped = nullptr;
+  CounterFamily* rejoins = nullptr;
   CounterFamily* jobs_ended = nullptr;
   CounterFamily* status_changes = nullptr;
   GaugeFamily* round = nullptr;
@@ -130,6 +135,22 @@ absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
   counter(&f.permissions_granted, "swarm_permissions_granted_total",
           "Requests to submit this site granted as a round's aggregator.",
           {"site"});
+  counter(&f.failovers, "swarm_failovers_total",
+          "Rounds this site handed to a backup aggregator (it could not reach "
+          "the round's aggregator).",
+          {"site"});
+  counter(&f.rounds_taken_over, "swarm_rounds_taken_over_total",
+          "Rounds this site took over as a backup aggregator.", {"site"});
+  counter(&f.discarded_aggregates, "swarm_discarded_aggregates_total",
+          "Aggregates of a losing chain this site dropped.", {"site"});
+  counter(&f.trainers_dropped, "swarm_trainers_dropped_total",
+          "Expected trainers this site stopped waiting for as aggregator "
+          "(down or silent).",
+          {"site"});
+  counter(&f.rejoins, "swarm_rejoins_total",
+          "Learn tasks this site accepted after its daemon reloaded the job "
+          "on a restart.",
+          {"site"});
   counter(&f.jobs_ended, "swarm_jobs_ended_total",
           "Jobs that ended at this site while it ran, by outcome (done, "
           "failed, aborted).",
@@ -177,7 +198,10 @@ SiteMetrics::SiteMetrics(std::string site, std::unique_ptr<Families> families)
   for (CounterFamily* family :
        {families_->rounds_completed, families_->rounds_trained,
         families_->results_accepted, families_->results_rejected,
-        families_->permissions_granted, families_->status_changes}) {
+        families_->permissions_granted, families_->status_changes,
+        families_->failovers, families_->rounds_taken_over,
+        families_->discarded_aggregates, families_->trainers_dropped,
+        families_->rejoins}) {
     Child(family, {site_});
   }
   Child(families_->round_seconds, {site_});
@@ -204,6 +228,14 @@ void SiteMetrics::ObserveCounters(const v1::SiteCounters& counters) {
   Count(families_->rounds_completed, counters.rounds_completed(),
         &last_completed_);
   Count(families_->rounds_trained, counters.rounds_trained(), &last_trained_);
+  Count(families_->failovers, counters.failovers(), &last_failovers_);
+  Count(families_->rounds_taken_over, counters.rounds_taken_over(),
+        &last_taken_over_);
+  Count(families_->discarded_aggregates, counters.discarded_aggregates(),
+        &last_discarded_);
+  Count(families_->trainers_dropped, counters.trainers_dropped(),
+        &last_dropped_);
+  Count(families_->rejoins, counters.rejoins(), &last_rejoins_);
 }
 
 void SiteMetrics::ObserveGauges(const v1::SiteStatus& status) {
@@ -282,7 +314,8 @@ void SiteMetrics::Observe(const v1::StatusReply& reply, absl::Time now) {
     seen_ = false;
     round_.reset();
     last_granted_ = last_accepted_ = last_rejected_ = last_completed_ =
-        last_trained_ = 0;
+        last_trained_ = last_failovers_ = last_taken_over_ = last_discarded_ =
+            last_dropped_ = last_rejoins_ = 0;
   } else if (seen_ && !IsTerminal(state_) && IsTerminal(status.state())) {
     Child(families_->jobs_ended, {site_, StateLabel(status.state())})
         ->Inc()

@@ -96,6 +96,11 @@ class SiteMetrics {
   uint64_t last_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_trained_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_failovers_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_taken_over_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_discarded_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_rejoins_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_error_time_ms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -159,6 +159,37 @@ TEST_F(SiteMetricsTest, CountersGrowByTheStatusCountersAndRestartPerJob) {
   EXPECT_EQ(Value("swarm_job_info{site=\"site-a\",job=\"job-2\"}"), 1);
 }
 
+TEST_F(SiteMetricsTest, FailoverAndRejoinCountersFollowTheStatus) {
+  for (const char* name :
+       {"swarm_failovers_total", "swarm_rounds_taken_over_total",
+        "swarm_discarded_aggregates_total", "swarm_trainers_dropped_total",
+        "swarm_rejoins_total"}) {
+    EXPECT_EQ(Value(std::string(name) + "{site=\"site-a\"}"), 0) << name;
+  }
+  v1::StatusReply reply = Reply("job-1", v1::SITE_STATE_TRAINING, 3, 1);
+  v1::SiteCounters* counters = reply.mutable_status()->mutable_counters();
+  counters->set_failovers(1);
+  counters->set_rounds_taken_over(2);
+  counters->set_discarded_aggregates(1);
+  counters->set_trainers_dropped(4);
+  counters->set_rejoins(1);
+  See(reply, 1);
+  counters->set_failovers(3);
+  counters->set_trainers_dropped(5);
+  See(reply, 2);
+  EXPECT_EQ(Value("swarm_failovers_total{site=\"site-a\"}"), 3);
+  EXPECT_EQ(Value("swarm_rounds_taken_over_total{site=\"site-a\"}"), 2);
+  EXPECT_EQ(Value("swarm_discarded_aggregates_total{site=\"site-a\"}"), 1);
+  EXPECT_EQ(Value("swarm_trainers_dropped_total{site=\"site-a\"}"), 5);
+  EXPECT_EQ(Value("swarm_rejoins_total{site=\"site-a\"}"), 1);
+  // A new job starts its counters at 0: its failover adds one.
+  v1::StatusReply next = Reply("job-2", v1::SITE_STATE_TRAINING, 0, 2);
+  next.mutable_status()->mutable_counters()->set_failovers(1);
+  See(next, 3);
+  EXPECT_EQ(Value("swarm_failovers_total{site=\"site-a\"}"), 4);
+  EXPECT_EQ(Value("swarm_rejoins_total{site=\"site-a\"}"), 1);
+}
+
 TEST_F(SiteMetricsTest, GaugesFollowTheStatus) {
   v1::StatusReply reply = Reply("job-1", v1::SITE_STATE_TRAINING, 4, 1);
   v1::SiteStatus* status = reply.mutable_status();

@@ -17,6 +17,9 @@
 // prints the address it got on a second line ("metrics listening on
 // 127.0.0.1:PORT"); an address in use refuses the start, naming the field.
 // --log-format json logs one JSON object per line (common/logging.h).
+// Whatever the config, a status watcher keeps the site's per-round record of
+// its jobs (report/round_recorder.h), served by the History RPC for
+// `swarmctl report`.
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -42,6 +45,7 @@
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics.h"
 #include "persist/workspace.h"
+#include "report/round_recorder.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/peer_client.h"
 #include "rpc/peer_service.h"
@@ -231,8 +235,9 @@ std::unique_ptr<grpc::Server> StartServer(
   return server;
 }
 
-// The site's metrics (when metrics_listen is set) and the job name on log
-// lines (JSON format), both fed by one status watcher.
+// The site's metrics (served when metrics_listen is set), its per-round
+// record (the History RPC) and the job name on log lines (JSON format), all
+// fed by one status watcher.
 class Observability {
  public:
   Observability() = default;
@@ -240,28 +245,32 @@ class Observability {
   Observability& operator=(const Observability&) = delete;
   ~Observability() { Stop(); }
 
-  // Registers the metrics and binds the endpoint (not serving the site's
-  // metrics until Watch). Errors name the field metrics_listen.
-  // REQUIRES: called once, before Watch.
+  // Registers the metrics (kept whether served or not: the round record
+  // takes its byte counts from them) and binds the endpoint when
+  // metrics_listen is set (not serving the site's metrics until Watch).
+  // Errors name the field metrics_listen. REQUIRES: called once, before
+  // Watch.
   absl::Status Listen(const v1::SiteConfig& config) {
+    absl::StatusOr<std::unique_ptr<SiteMetrics>> metrics =
+        SiteMetrics::Create(&registry_, config.name());
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = std::move(*metrics);
+    absl::StatusOr<std::unique_ptr<ReceivedModelMeter>> received =
+        ReceivedModelMeter::Create(&registry_, config.name());
+    if (!received.ok()) return received.status();
+    received_ = std::move(*received);
     if (config.metrics_listen().empty()) return absl::OkStatus();
     if (absl::Status process = RegisterProcessMetrics(&registry_);
         !process.ok()) {
       return process;
     }
-    absl::StatusOr<std::unique_ptr<SiteMetrics>> metrics =
-        SiteMetrics::Create(&registry_, config.name());
-    if (!metrics.ok()) return metrics.status();
-    metrics_ = std::move(*metrics);
     endpoint_ = std::make_unique<MetricsHttpEndpoint>(&registry_);
     return endpoint_->Start(config.metrics_listen());
   }
 
-  // `inner` with its outgoing calls counted per peer when metrics are on,
-  // else `inner` itself. REQUIRES: after Listen; `inner` outlives every use
-  // of the result.
+  // `inner` with its outgoing calls counted per peer. REQUIRES: after
+  // Listen; `inner` outlives every use of the result.
   PeerTransport* Meter(PeerTransport* inner, const std::string& site) {
-    if (metrics_ == nullptr) return inner;
     absl::StatusOr<std::unique_ptr<MeteredTransport>> metered =
         MeteredTransport::Create(inner, &registry_, site);
     if (!metered.ok()) {
@@ -272,6 +281,17 @@ class Observability {
     return metered_.get();
   }
 
+  // The Peer service's hooks: models received (per-peer metrics) and the
+  // History RPC. REQUIRES: after Listen; this outlives the service.
+  void Serve(PeerServiceOptions* options) {
+    options->on_model_received = [this](const ReceivedModel& model) {
+      received_->Observe(model.peer, model.bytes, model.status);
+    };
+    options->history = [this](const v1::HistoryRequest& request) {
+      return recorder_.History(request.job_id(), absl::Now());
+    };
+  }
+
   // "" when metrics are off.
   std::string address() const {
     return endpoint_ != nullptr ? endpoint_->bound_address() : "";
@@ -279,8 +299,7 @@ class Observability {
 
   // Starts the watcher when something needs it. REQUIRES: `controller`
   // outlives Stop().
-  void Watch(SiteDriver* controller, bool json_logs) {
-    if (metrics_ == nullptr && !json_logs) return;
+  void Watch(SiteDriver* controller) {
     watcher_ = std::make_unique<StatusWatcher>(
         [controller](uint64_t version, absl::Time deadline) {
           return controller->WaitForStatusChange(version, deadline);
@@ -290,7 +309,11 @@ class Observability {
             job_ = reply.status().job_id();
             SetLogJob(job_);
           }
-          if (metrics_ != nullptr) metrics_->Observe(reply, now);
+          metrics_->Observe(reply, now);
+          recorder_.Observe(
+              reply, now,
+              report::Traffic{metered_ != nullptr ? metered_->bytes_sent() : 0,
+                              received_->bytes_received()});
         });
     watcher_->Start();
   }
@@ -307,6 +330,8 @@ class Observability {
   std::unique_ptr<MetricsHttpEndpoint> endpoint_;
   std::unique_ptr<StatusWatcher> watcher_;
   std::unique_ptr<MeteredTransport> metered_;
+  std::unique_ptr<ReceivedModelMeter> received_;
+  report::RoundRecorder recorder_;
   std::string job_;  // Used by the watcher's thread only.
 };
 
@@ -388,11 +413,14 @@ int Run(int argc, char** argv) {
   if (learners->external != nullptr) {
     ConnectTrainerToJob(learners->external, &controller);
   }
-  PeerService service(&controller, ServiceOptionsFor(*config, flags.insecure));
+  PeerServiceOptions service_options =
+      ServiceOptionsFor(*config, flags.insecure);
+  observability.Serve(&service_options);
+  PeerService service(&controller, std::move(service_options));
   std::unique_ptr<grpc::Server> server =
       StartServer(*config, credentials->server, &service);
   if (server == nullptr) return 1;
-  observability.Watch(&controller, flags.log_format == LogFormat::kJson);
+  observability.Watch(&controller);
   if (!observability.address().empty()) {
     LogEvent(LogSeverity::kInfo, "metrics_listening",
              absl::StrCat("metrics listening on http://",

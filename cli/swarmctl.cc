@@ -10,6 +10,8 @@
 //   swarmctl health --site HOST:PORT [--server-name NAME] [--timeout-ms 3000]
 //   swarmctl health --config site.json [--timeout-ms 3000]
 //   swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG] ...
+//   swarmctl report --job job.json --out DIR [--test-metric rounds.csv]
+//                   [--test-column test_accuracy] [--timeout-ms 5000]
 //
 // Every command but provision talks mTLS with an admin identity:
 // --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
@@ -26,8 +28,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -44,6 +49,7 @@
 #include "model/tensor_sink.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/swarm.grpc.pb.h"
+#include "report/job_report.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/tls.h"
 #include "security/certificates.h"
@@ -99,6 +105,8 @@ constexpr char kUsage[] =
     "      [--namespace NS] [--learner KIND] [--admin NAME] [--storage 1Gi]\n"
     "      [--cpu-request 250m] [--cpu-limit 2] [--memory-request 256Mi]\n"
     "      [--memory-limit 2Gi] [--wait-healthy 300]\n"
+    "  swarmctl report --job job.json --out DIR [--test-metric rounds.csv]\n"
+    "      [--test-column test_accuracy] [--timeout-ms 5000]\n"
     "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n"
     "        --log-format text|json (diagnostics on stderr; default text)\n";
 
@@ -815,6 +823,93 @@ int DeployK8s(const Args& args) {
   return 0;
 }
 
+// swarmctl report: asks every site of the job for its per-round history
+// (History, each call with a deadline), and writes DIR/report.html,
+// report.csv and report.json. A site that does not answer is named, and the
+// report is written from the others; no site knowing the job is an error
+// naming the job and the sites asked (exit 1).
+int Report(const Args& args) {
+  if (int code = ChooseCredentials(args); code != 0) return code;
+  absl::StatusOr<v1::JobConfig> job = LoadJob(args);
+  if (!job.ok()) {
+    Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  if (args.values.count("out") == 0) {
+    Complain("swarmctl: report needs --out DIR\n%s", kUsage);
+    return 2;
+  }
+  int timeout_ms = 5000;
+  if (args.values.count("timeout-ms") > 0 &&
+      (!absl::SimpleAtoi(args.values.at("timeout-ms"), &timeout_ms) ||
+       timeout_ms <= 0)) {
+    Complain("swarmctl: --timeout-ms must be a positive integer\n");
+    return 2;
+  }
+  std::map<uint32_t, double> test_metric;
+  const std::string test_column = args.values.count("test-column") > 0
+                                      ? args.values.at("test-column")
+                                      : "test_accuracy";
+  if (args.values.count("test-metric") > 0) {
+    const std::string& path = args.values.at("test-metric");
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    absl::StatusOr<std::map<uint32_t, double>> parsed =
+        file ? report::ParseMetricCsv(text.str(), test_column)
+             : absl::NotFoundError("cannot read it");
+    if (!parsed.ok()) {
+      Complain("swarmctl: --test-metric %s: %s\n", path.c_str(),
+               std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    test_metric = std::move(*parsed);
+  }
+  // Every site at once: a silent site costs one deadline, not one each.
+  std::vector<report::SiteHistory> sites(job->sites_size());
+  std::vector<std::thread> calls;
+  for (int i = 0; i < job->sites_size(); ++i) {
+    sites[i].site = job->sites(i);
+    calls.emplace_back([&, i] {
+      grpc::ClientContext context;
+      SetDeadline(&context, absl::Milliseconds(timeout_ms));
+      v1::HistoryRequest request;
+      request.set_job_id(job->job_id());
+      request.set_sender(Sender());
+      grpc::Status status = StubFor(job->sites(i).address())
+                                ->History(&context, request, &sites[i].reply);
+      if (!status.ok()) {
+        sites[i].status = absl::UnavailableError(status.error_message());
+      }
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  absl::StatusOr<report::JobReport> built =
+      report::JobReport::Build(*job, sites, test_metric, test_column);
+  if (!built.ok()) {
+    Complain("swarmctl: %s\n", std::string(built.status().message()).c_str());
+    return 1;
+  }
+  for (const report::SiteRow& site : built->sites()) {
+    if (site.answered) continue;
+    Complain(
+        "swarmctl: warning: site %s (%s) did not answer: %s; the report "
+        "is written from the other sites\n",
+        site.name.c_str(), site.address.c_str(), site.error.c_str());
+  }
+  const std::string& out = args.values.at("out");
+  if (absl::Status written = report::WriteReport(*built, out); !written.ok()) {
+    Complain("swarmctl: %s\n", std::string(written.message()).c_str());
+    return 1;
+  }
+  std::printf("report of job %s (%zu rounds, %zu of %d sites answered): %s\n",
+              job->job_id().c_str(), built->rounds().size(),
+              job->sites_size() - built->MissingSites().size(),
+              job->sites_size(),
+              (std::filesystem::path(out) / "report.html").string().c_str());
+  return 0;
+}
+
 // Sets Credentials() from --insecure, --tls-dir or $SWARM_TLS_DIR.
 int ChooseCredentials(const Args& args) {
   if (args.insecure) {
@@ -877,6 +972,7 @@ int Run(int argc, char** argv) {
   if (args->command == "abort") return Abort(*args);
   if (args->command == "fetch") return Fetch(*args);
   if (args->command == "health") return Health(*args);
+  if (args->command == "report") return Report(*args);
   if (args->command == "help" || args->command == "--help") {
     std::fputs(kUsage, stdout);
     return 0;

@@ -65,23 +65,23 @@ std::string CloseLabels(const std::string& open) {
 
 // A counter or gauge child: one line.
 template <typename T>
-void AppendChild(const std::string& name, const std::vector<std::string>& names,
-                 const std::vector<std::string>& values, const T& child,
-                 std::string* out) {
-  absl::StrAppend(out, name, CloseLabels(OpenLabels(names, values)), " ",
+void AppendChild(const std::string& name, const std::string& open,
+                 const std::vector<std::string>& /*bound_texts*/,
+                 const T& child, std::string* out) {
+  absl::StrAppend(out, name, open, open.empty() ? "" : "}", " ",
                   FormatMetricValue(child.Value()), "\n");
 }
 
-void AppendChild(const std::string& name, const std::vector<std::string>& names,
-                 const std::vector<std::string>& values, const Histogram& child,
-                 std::string* out) {
+// `bound_texts`: the family's bucket bounds as formatted once (the last
+// "+Inf"), so that a scrape does not format them again for every child.
+void AppendChild(const std::string& name, const std::string& open,
+                 const std::vector<std::string>& bound_texts,
+                 const Histogram& child, std::string* out) {
   const Histogram::Snapshot snap = child.Read();
-  const std::string open = OpenLabels(names, values);
   const std::string le_prefix = open.empty() ? "{le=\"" : open + ",le=\"";
   for (size_t i = 0; i <= snap.bounds.size(); ++i) {
-    const double bound = i < snap.bounds.size() ? snap.bounds[i] : INFINITY;
-    absl::StrAppend(out, name, "_bucket", le_prefix, FormatMetricValue(bound),
-                    "\"} ", snap.cumulative[i], "\n");
+    absl::StrAppend(out, name, "_bucket", le_prefix, bound_texts[i], "\"} ",
+                    snap.cumulative[i], "\n");
   }
   const std::string labels = CloseLabels(open);
   absl::StrAppend(out, name, "_sum", labels, " ", FormatMetricValue(snap.sum),
@@ -204,9 +204,11 @@ std::string FormatMetricValue(double value) {
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   if (value == 0) return "0";
   if (value == std::trunc(value) && std::fabs(value) < 1e15) {
-    return absl::StrFormat("%.0f", value);
+    return absl::StrCat(static_cast<int64_t>(value));
   }
-  std::string text;
+  // Most values print exactly in six digits (absl's fast formatting).
+  std::string text = absl::StrCat(value);
+  if (std::strtod(text.c_str(), nullptr) == value) return text;
   for (int precision = 15; precision <= 17; ++precision) {
     text = absl::StrFormat("%.*g", precision, value);
     if (std::strtod(text.c_str(), nullptr) == value) break;
@@ -318,7 +320,10 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
       help_(std::move(help)),
       type_(type),
       label_names_(std::move(label_names)),
-      bounds_(std::move(bounds)) {}
+      bounds_(std::move(bounds)) {
+  for (double bound : bounds_) bound_texts_.push_back(FormatMetricValue(bound));
+  bound_texts_.push_back("+Inf");
+}
 
 absl::Status FamilyBase::CheckLabelValues(
     const std::vector<std::string>& values) const {
@@ -335,22 +340,23 @@ absl::StatusOr<T*> Family<T>::WithLabels(
     const std::vector<std::string>& values) {
   if (absl::Status s = CheckLabelValues(values); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<T>& child = children_[values];
-  if (child == nullptr) {
+  Child& child = children_[values];
+  if (child.metric == nullptr) {
     if constexpr (std::is_same_v<T, Histogram>) {
-      child = std::make_unique<Histogram>(bounds());
+      child.metric = std::make_unique<Histogram>(bounds());
     } else {
-      child = std::make_unique<T>();
+      child.metric = std::make_unique<T>();
     }
+    child.open_labels = OpenLabels(label_names(), values);
   }
-  return child.get();
+  return child.metric.get();
 }
 
 template <typename T>
 void Family<T>::AppendSamples(std::string* out) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [values, child] : children_) {
-    AppendChild(name(), label_names(), values, *child, out);
+    AppendChild(name(), child.open_labels, bound_texts(), *child.metric, out);
   }
 }
 
@@ -460,20 +466,27 @@ std::string MetricsRegistry::Exposition() const {
       families.push_back(family.get());
   }
   std::string out;
+  out.reserve(last_size_.load(std::memory_order_relaxed) + 4096);
   for (const metrics_internal::FamilyBase* family : families) {
-    std::string samples;
-    family->AppendSamples(&samples);
-    if (samples.empty()) continue;
+    // The samples go straight after their header; a family without any
+    // takes its header back.
+    const size_t mark = out.size();
     absl::StrAppend(&out, "# HELP ", family->name(), " ",
                     EscapeHelp(family->help()), "\n# TYPE ", family->name(),
-                    " ", MetricTypeName(family->type()), "\n", samples);
+                    " ", MetricTypeName(family->type()), "\n");
+    const size_t header_end = out.size();
+    family->AppendSamples(&out);
+    if (out.size() == header_end) out.resize(mark);
   }
+  last_size_.store(out.size(), std::memory_order_relaxed);
   return out;
 }
 
 absl::Status RegisterProcessMetrics(MetricsRegistry* registry) {
   const double page_size = sysconf(_SC_PAGESIZE);
   const double ticks = sysconf(_SC_CLK_TCK);
+  // Read once: /proc/stat is long (a scrape should not read it each time).
+  const double start = BootTimeSeconds() + StatField(22) / ticks;
   struct Entry {
     const char* name;
     const char* help;
@@ -488,8 +501,7 @@ absl::Status RegisterProcessMetrics(MetricsRegistry* registry) {
        [=] { return (StatField(14) + StatField(15)) / ticks; }},
       {"process_start_time_seconds",
        "Start time of the process since unix epoch in seconds.",
-       MetricType::kGauge,
-       [=] { return BootTimeSeconds() + StatField(22) / ticks; }},
+       MetricType::kGauge, [start] { return start; }},
       {"process_open_fds", "Number of open file descriptors.",
        MetricType::kGauge, OpenFds},
       {"process_threads", "Number of OS threads in the process.",

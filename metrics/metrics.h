@@ -14,6 +14,8 @@
 #ifndef SWARM_METRICS_METRICS_H_
 #define SWARM_METRICS_METRICS_H_
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -109,6 +111,8 @@ class FamilyBase {
   MetricType type() const { return type_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   const std::vector<double>& bounds() const { return bounds_; }
+  // Histograms: the bounds as the exposition prints them, then "+Inf".
+  const std::vector<std::string>& bound_texts() const { return bound_texts_; }
 
   // Appends the sample lines (not # HELP / # TYPE), sorted by label values.
   virtual void AppendSamples(std::string* out) const = 0;
@@ -123,6 +127,7 @@ class FamilyBase {
   const MetricType type_;
   const std::vector<std::string> label_names_;
   const std::vector<double> bounds_;  // Histograms only.
+  std::vector<std::string> bound_texts_;
 };
 
 }  // namespace metrics_internal
@@ -142,8 +147,13 @@ class Family final : public metrics_internal::FamilyBase {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_
-      ABSL_GUARDED_BY(mu_);
+  struct Child {
+    std::unique_ptr<T> metric;
+    // `{a="x",b="y"` (escaped, no closing brace; "" without labels), made
+    // once: a scrape does not escape the label values again.
+    std::string open_labels;
+  };
+  std::map<std::vector<std::string>, Child> children_ ABSL_GUARDED_BY(mu_);
 };
 
 // Defined and instantiated in metrics.cc for these three.
@@ -199,6 +209,8 @@ class MetricsRegistry {
   std::map<std::string, std::unique_ptr<metrics_internal::FamilyBase>,
            std::less<>>
       families_ ABSL_GUARDED_BY(mu_);
+  // The size of the last exposition: the next one reserves as much.
+  mutable std::atomic<size_t> last_size_{0};
 };
 
 // Registers the standard process metrics, read from /proc/self/stat (and

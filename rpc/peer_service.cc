@@ -208,6 +208,21 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
              grpc::ServerWriter<grpc::ByteBuffer>* writer) {
         return FetchModel(context, request, writer);
       });
+  AddUnaryMethod<v1::HistoryRequest, v1::HistoryReply>(
+      "History",
+      [this](grpc::ServerContext* context, const v1::HistoryRequest* request,
+             v1::HistoryReply* reply) {
+        std::unique_ptr<CallSlot> slot;
+        grpc::Status allowed = Authorize(context, "History", Rule::kAnyPeer,
+                                         request->sender(), &slot);
+        if (!allowed.ok()) return allowed;
+        if (!options_.history) {
+          return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                              "this site keeps no history");
+        }
+        *reply = options_.history(*request);
+        return grpc::Status::OK;
+      });
   AddUnaryMethod<v1::AbortRequest, v1::Reply>(
       "Abort", [this](grpc::ServerContext* context,
                       const v1::AbortRequest* request, v1::Reply* reply) {
@@ -294,12 +309,15 @@ class PeerService::UploadCall final
     const v1::ModelHeader& header = frame.header();
     const std::string what =
         absl::StrCat(v1::ModelKind_Name(header.kind()), " stream");
-    grpc::Status allowed = service_->Authorize(
-        context_, what, Rule::kSender, header.sender(), &slot_);
+    grpc::Status allowed = service_->Authorize(context_, what, Rule::kSender,
+                                               header.sender(), &slot_);
     if (!allowed.ok()) return EndNow(allowed);
-    service_->watchdog_->Watch(context_,
-                               absl::Now() + service_->options_.max_stream_time);
+    service_->watchdog_->Watch(
+        context_, absl::Now() + service_->options_.max_stream_time);
     watched_ = true;
+    received_.peer = header.sender();
+    received_.kind = header.kind();
+    received_.bytes = header.total_bytes();
     absl::Status admitted = receiver_.Begin(header, frame_.Length());
     if (!admitted.ok()) {
       SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, header.sender(),
@@ -316,6 +334,10 @@ class PeerService::UploadCall final
   // Every read is done: the model (or why the stream broke) goes to the
   // site, whose reply finishes the call, now or later.
   void HandToSite(absl::StatusOr<Model> model) {
+    if (service_->options_.on_model_received) {
+      received_.status = model.status();
+      service_->options_.on_model_received(received_);
+    }
     {
       absl::MutexLock lock(&shared_->mu);
       shared_->waiting_for_site = true;
@@ -356,6 +378,7 @@ class PeerService::UploadCall final
   grpc::ByteBuffer frame_;
   bool header_read_ = false;
   bool watched_ = false;
+  ReceivedModel received_;  // What the header announced.
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(

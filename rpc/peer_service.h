@@ -5,7 +5,7 @@
 //
 // Authorization (with TLS identities; see rpc/tls.h):
 //   Configure, Start, Abort       admins only
-//   Status                        any authenticated peer
+//   Status, History               any authenticated peer
 //   FetchModel                    admins and the job's sites
 //   RequestToSubmit, ShareBest,   a site whose certificate name is the
 //   LearnTask, SubmitResult,      request's sender; the controller then
@@ -15,11 +15,14 @@
 #ifndef SWARM_RPC_PEER_SERVICE_H_
 #define SWARM_RPC_PEER_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/site_driver.h"
@@ -28,6 +31,16 @@
 
 namespace swarm {
 
+// A model stream this site received: its body arrived whole (`status` OK)
+// or broke (why; a digest mismatch is a DataLoss error), before the site
+// judged it.
+struct ReceivedModel {
+  std::string peer;  // The sender named in the header (authorized).
+  v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;
+  uint64_t bytes = 0;  // The header's total_bytes.
+  absl::Status status;
+};
+
 struct PeerServiceOptions {
   // Require and use certificate identities (false only with --insecure).
   bool tls = true;
@@ -35,6 +48,11 @@ struct PeerServiceOptions {
   int max_calls_per_peer = 16;
   // A model stream still running after this is cancelled.
   absl::Duration max_stream_time = absl::Hours(1);
+  // Told of every model stream received (the daemon's per-peer metrics);
+  // called on a gRPC thread, must not block. Optional.
+  std::function<void(const ReceivedModel&)> on_model_received;
+  // Answers History (the daemon's round recorder); unset: UNIMPLEMENTED.
+  std::function<v1::HistoryReply(const v1::HistoryRequest&)> history;
 };
 
 class StreamWatchdog;

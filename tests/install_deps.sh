@@ -15,6 +15,8 @@ SWARM_PACKAGES=(
   # The metrics integration test runs a real Prometheus server (its own port
   # and storage in a temporary folder; the packaged service is not used).
   prometheus
+  # The report test renders the job report in headless Chromium.
+  chromium
   # The network fault tests (tests/faults): namespaces, veth, tbf, drops.
   iproute2 iptables
 )

@@ -21,7 +21,8 @@
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
 # runs the job with live progress, and prints the comparison table. Outputs
 # (under the workspace, default build/demo): best.safetensors, rounds.csv,
-# every site's logs and workspace.
+# the job report (report/report.html, .csv, .json: swarmctl report), every
+# site's logs and workspace.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) BIN_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
     --quick) SITES=3; ROUNDS=3; ROUNDS_SET=1; MAX_TRAIN=12000; shift ;;
-    -h|--help) sed -n 2,23p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n 2,25p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -234,6 +235,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
   printf "%d,%s,%s,%s\n" "$((r - 1))" "$(metadata_of "$file" aggregator)" \
     "$(metadata_of "$file" input_score)" "$(accuracy_of "$file")" >>"$CSV"
 done
+# The job report from every site's per-round history, with the test
+# accuracy of each round's aggregate from rounds.csv.
+REPORT_DIR="$WORKSPACE/report"
+"$CTL" report --job "$JOB" --out "$REPORT_DIR" --test-metric "$CSV" \
+  --test-column test_accuracy "${TLS_FLAGS[@]}"
 BEST="$WORKSPACE/best.safetensors"
 cp "$WORKSPACE/site-1/workspace/fashion-demo/best.safetensors" "$BEST"
 BEST_ACC=$(accuracy_of "$BEST")
@@ -302,4 +308,5 @@ echo
 echo "swarm job time: ${SWARM_SECONDS}s"
 echo "best model:     $BEST"
 echo "per-round CSV:  $CSV"
+echo "job report:     $REPORT_DIR/report.html"
 echo "site logs:      $WORKSPACE/site-*/log"

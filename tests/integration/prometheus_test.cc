@@ -251,6 +251,20 @@ TEST(PrometheusTest, CountersAddUpAcrossSites) {
        trained - kRounds},
       {"sum(swarm_peer_calls_total{outcome=\"error\"}) or vector(0)", 0},
       {"count(sum by (site) (swarm_peer_model_bytes_sent_total) > 0)", kSites},
+      // What one site sent whole, another received whole (a clean job: no
+      // stream refused after it arrived, none broken, no failover).
+      {"sum(swarm_peer_model_bytes_received_total) - "
+       "sum(swarm_peer_model_bytes_sent_total)",
+       0},
+      {"sum(swarm_peer_models_received_total) - "
+       "sum(swarm_peer_models_sent_total)",
+       0},
+      {"count(sum by (site) (swarm_peer_models_received_total) > 0)", kSites},
+      {"sum(swarm_peer_streams_broken_total) or vector(0)", 0},
+      {"sum(swarm_digest_failures_total) or vector(0)", 0},
+      {"sum(swarm_failovers_total) + sum(swarm_rejoins_total) + "
+       "sum(swarm_trainers_dropped_total)",
+       0},
   };
   for (const Expect& expect : expects) {
     EXPECT_TRUE(prometheus.WaitFor(expect.expr, expect.want, deadline).ok())
