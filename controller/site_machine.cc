@@ -269,6 +269,8 @@ void SiteMachine::ResetForJob(v1::JobConfig job, std::string offload_dir) {
   final_round_ = 0;
   final_attempt_ = 0;
   persisted_global_round_ = -1;
+  durable_global_round_ = -1;
+  durable_writes_.clear();
   persisted_global_lineage_.clear();
   reloaded_ = false;
 }
@@ -310,6 +312,7 @@ void SiteMachine::OnRecover(event::Recover& e) {
   }
   if (e.global != nullptr && state.global_round() >= 0) {
     persisted_global_round_ = state.global_round();
+    durable_global_round_ = state.global_round();
     persisted_global_lineage_ = LineageFromProto(state.global_lineage());
     current_global_ = e.global;
     current_global_round_ = static_cast<uint32_t>(state.global_round());
@@ -549,6 +552,14 @@ void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
 }
 
 void SiteMachine::OnPersistDone(event::PersistDone& e) {
+  if (auto durable = durable_writes_.find(e.persist);
+      durable != durable_writes_.end()) {
+    if (e.status.ok()) {
+      durable_global_round_ = std::max(durable_global_round_, durable->second);
+      Changed();
+    }
+    durable_writes_.erase(durable);
+  }
   auto it = pending_finals_.find(e.persist);
   if (it == pending_finals_.end()) {
     if (e.status.ok()) return;

@@ -612,6 +612,10 @@ class SiteMachine {
   Lineage final_chain_;  // The finals' chain, including the final round.
   // The global model in the store (global.safetensors): its round and chain.
   int64_t persisted_global_round_ = -1;
+  // The same once on disk (the state file naming it written): what status
+  // shows as global_round. The state writes that will make it so.
+  int64_t durable_global_round_ = -1;
+  std::map<PersistId, int64_t> durable_writes_;
   bool reloaded_ = false;  // This daemon reloaded its job on start.
   Lineage persisted_global_lineage_;
   std::map<RequestId, Held> held_;

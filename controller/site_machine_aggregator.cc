@@ -237,6 +237,10 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   persisted_global_round_ = e.round + 1;
   persisted_global_lineage_ = Extend(closing.lineage, e.round, closing.attempt);
   PersistClearOffloadAndState();
+  // Status says the model is on disk once the state file naming it is.
+  auto& state = std::get<effect::Persist>(out_.back());
+  state.notify = true;
+  durable_writes_[state.persist] = persisted_global_round_;
   if (e.round < job_->last_round() && closing.stop_reason.empty()) {
     ScatterRound(e.round + 1, std::move(next), closing.best,
                  Extend(closing.lineage, e.round, closing.attempt));

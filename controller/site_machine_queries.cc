@@ -74,7 +74,7 @@ v1::StatusReply SiteMachine::Status() const {
   status->set_waiting_for(learner_waiting_);
   status->set_attempt(record_.attempt);
   status->set_rejoined(reloaded_);
-  status->set_global_round(persisted_global_round_);
+  status->set_global_round(durable_global_round_);
   for (const v1::Failover& failover : failovers_) {
     *status->add_failovers() = failover;
   }

@@ -446,9 +446,19 @@ class NetFaults : public ::testing::Test {
                        status->counters().results_rejected()),
                    static_cast<unsigned long long>(
                        status->counters().trainers_dropped()));
-      EXPECT_EQ(accepted, aggregated[site])
-          << site << " accepted " << accepted << " results but its kept "
-          << "aggregates hold " << aggregated[site];
+      // A site that took a round over on a chain that then lost (a
+      // partition) accepted results no kept aggregate of its own holds:
+      // those results were submitted to it only, and the winning chain's
+      // aggregator reported their senders missing (checked above).
+      const bool took_over = status->counters().rounds_taken_over() > 0 ||
+                             status->counters().discarded_aggregates() > 0;
+      if (took_over) {
+        EXPECT_GE(accepted, aggregated[site]) << site;
+      } else {
+        EXPECT_EQ(accepted, aggregated[site])
+            << site << " accepted " << accepted << " results but its kept "
+            << "aggregates hold " << aggregated[site];
+      }
     }
     std::fprintf(stderr, "[ faults ] results lost (steady trainers): %llu\n",
                  static_cast<unsigned long long>(missing));
@@ -805,16 +815,19 @@ TEST_F(NetFaults, AllSitesKilledThenResumed) {
   CaseOptions options;
   options.rounds = 4;
   options.train_ms = 3000;
-  // The kill comes the moment round 2 trains, while round 1's aggregator may
-  // still be writing round 2's global model: the scatter does not wait for
-  // it to be durable. Keeping round models doubles that write (the round
-  // file, then global.safetensors, then the state file), and the resume then
-  // found no persisted global model of round 2 and ran round 1 again.
+  // The kill comes while round 2 trains, once round 1's aggregator says
+  // round 2's global model is on its disk: the scatter does not wait for
+  // that write (README "When things fail" says what a kill inside it
+  // costs). Keeping round models doubles the write.
   options.keep_round_models = false;
   MakeJob(options);
   ASSERT_NO_FATAL_FAILURE(Start());
   ASSERT_NO_FATAL_FAILURE(
       WaitSite(kBystander, TrainingRound(2), "s4 training round 2"));
+  ASSERT_NO_FATAL_FAILURE(WaitSite(
+      Aggregator(1),
+      [](const v1::SiteStatus& s) { return s.global_round() >= 2; },
+      "round 1's aggregator holding round 2's global model on disk"));
   for (const std::string& site : kSites) swarm_->Kill(site);
   Note("kill -9 every site");
   for (const std::string& site : kSites) {
