@@ -38,27 +38,6 @@ T* Child(Family<T>* family, const std::vector<std::string>& labels) {
 
 }  // namespace
 
-const char* PhaseName(v1::SiteState state, bool job_running) {
-  switch (state) {
-    case v1::SITE_STATE_IDLE:
-      return job_running ? "waiting_for_task" : nullptr;
-    case v1::SITE_STATE_TRAINING:
-      return "training";
-    case v1::SITE_STATE_WAITING_FOR_PERMISSION:
-      return "waiting_for_permission";
-    case v1::SITE_STATE_SUBMITTING:
-      return "submitting";
-    case v1::SITE_STATE_GATHERING:
-      return "gathering";
-    case v1::SITE_STATE_AGGREGATING:
-      return "aggregating";
-    case v1::SITE_STATE_DISTRIBUTING:
-      return "distributing";
-    default:
-      return nullptr;
-  }
-}
-
 struct SiteMetrics::Families {
   HistogramFamily* round_seconds = nullptr;
   HistogramFamily* phase_seconds = nullptr;
@@ -269,7 +248,7 @@ void SiteMetrics::ObservePhases(const v1::SiteStatus& status, absl::Time now) {
   const v1::SiteState state = status.state();
   // The phase that just ended, if any.
   if (seen_ && (state != state_ || status.round() != state_round_)) {
-    if (const char* phase = PhaseName(state_, job_running_)) {
+    if (const char* phase = report::PhaseOf(state_, job_running_)) {
       Child(f.phase_seconds, {site_, phase})
           ->Observe(absl::ToDoubleSeconds(now - state_since_));
     }
@@ -281,7 +260,7 @@ void SiteMetrics::ObservePhases(const v1::SiteStatus& status, absl::Time now) {
     seen_ = true;
   }
   const bool in_round =
-      state != v1::SITE_STATE_IDLE && PhaseName(state, true) != nullptr;
+      state != v1::SITE_STATE_IDLE && report::PhaseOf(state, true) != nullptr;
   if (in_round) job_running_ = true;
   // The round: from the first status in it to the next round or the end.
   if (in_round && round_ != status.round()) {

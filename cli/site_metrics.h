@@ -38,13 +38,12 @@
 #include "absl/time/time.h"
 #include "metrics/metrics.h"
 #include "proto/swarm.pb.h"
+#include "report/round_recorder.h"
 
 namespace swarm {
 
-// The phase a state counts as, for swarm_phase_seconds; null for states that
-// are not part of a round (configured, done, failed, aborted). Idle is
-// "waiting_for_task" once the job has run (`job_running`), null before.
-const char* PhaseName(v1::SiteState state, bool job_running);
+// The phase a state counts as, for swarm_phase_seconds: report::PhaseOf
+// (the job report counts phases alike).
 
 class SiteMetrics {
  public:

@@ -37,8 +37,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cli/k8s_manifests.h"
@@ -256,9 +256,9 @@ int ConfigureAll(const v1::JobConfig& job) {
 // trainers' tasks (each call retried while it fails), then the aggregator's,
 // failing over through every candidate in the worst case.
 absl::Duration StartTimeout(const v1::JobConfig& job) {
-  const absl::Duration ack = absl::Milliseconds(job.learn_task_ack_timeout_ms());
-  const absl::Duration failover =
-      absl::Milliseconds(job.failover_timeout_ms());
+  const absl::Duration ack =
+      absl::Milliseconds(job.learn_task_ack_timeout_ms());
+  const absl::Duration failover = absl::Milliseconds(job.failover_timeout_ms());
   const int candidates = std::max(job.aggregator_candidates_size(), 1);
   return kCallTimeout + 2 * ack + candidates * (failover + ack);
 }
@@ -385,9 +385,9 @@ int Resume(const Args& args) {
         job->job_id().c_str());
     return 1;
   }
-  return SendStart(*job, *from, /*resume=*/true,
-                   absl::StrCat("resumed at round ", latest, " from ",
-                                SiteLabel(*from)));
+  return SendStart(
+      *job, *from, /*resume=*/true,
+      absl::StrCat("resumed at round ", latest, " from ", SiteLabel(*from)));
 }
 
 std::string StateName(v1::SiteState state) {
@@ -543,16 +543,17 @@ int Status(const Args& args) {
     }
     if (table.done + table.failed + down == sites) {
       if (table.failed > 0) {
-        std::printf("job %s ended with %d site(s) failed or aborted%s\n",
-                    job->job_id().c_str(), table.failed,
-                    down > 0 ? absl::StrCat(" and ", down, " down").c_str()
-                             : "");
+        std::printf(
+            "job %s ended with %d site(s) failed or aborted%s\n",
+            job->job_id().c_str(), table.failed,
+            down > 0 ? absl::StrCat(" and ", down, " down").c_str() : "");
         return 1;
       }
-      std::printf("job %s ended on every reachable site; %d site(s) down "
-                  "(unreachable for %d ms): %s\n",
-                  job->job_id().c_str(), down, down_after_ms,
-                  absl::StrJoin(table.unreachable, ", ").c_str());
+      std::printf(
+          "job %s ended on every reachable site; %d site(s) down "
+          "(unreachable for %d ms): %s\n",
+          job->job_id().c_str(), down, down_after_ms,
+          absl::StrJoin(table.unreachable, ", ").c_str());
       return 3;
     }
     std::fflush(stdout);

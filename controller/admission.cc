@@ -254,8 +254,8 @@ bool IsTerminal(v1::SiteState state) {
 }
 
 absl::Status JobEndedHere(const SiteRecord& site) {
-  const std::string why = absl::StrCat("job is ", v1::SiteState_Name(site.state),
-                                       " at ", site.self);
+  const std::string why = absl::StrCat(
+      "job is ", v1::SiteState_Name(site.state), " at ", site.self);
   if (site.state == v1::SITE_STATE_DONE) {
     return absl::FailedPreconditionError(why);
   }

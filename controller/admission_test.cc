@@ -1,12 +1,12 @@
 // Single-site step tests of Admission: one header in, one verdict out, for
 // each rule of design sections 3 and 6 that an incoming stream must pass.
 #include "controller/admission.h"
-#include "controller/replies.h"
 
 #include <string>
 #include <vector>
 
 #include "config/job_config.h"
+#include "controller/replies.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -172,8 +172,9 @@ TEST_F(AdmissionTest, LearnTaskAfterTheJobEndedIsRefused) {
     // A failed or aborted site answers CANCELLED (OUTCOME_ABORTED): its
     // senders pass it over for the round's next backup.
     EXPECT_EQ(refused.status().code(),
-              state == v1::SITE_STATE_DONE ? absl::StatusCode::kFailedPrecondition
-                                           : absl::StatusCode::kCancelled);
+              state == v1::SITE_STATE_DONE
+                  ? absl::StatusCode::kFailedPrecondition
+                  : absl::StatusCode::kCancelled);
     EXPECT_EQ(ReplyFromStatus(refused.status()).outcome(),
               state == v1::SITE_STATE_DONE ? v1::OUTCOME_REJECTED
                                            : v1::OUTCOME_ABORTED);

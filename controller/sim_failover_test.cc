@@ -3,11 +3,11 @@
 // a partition lets two sites aggregate one round; the job must complete on
 // every other site with exact aggregates (nothing accepted is lost) and
 // identical final models, in bounded virtual time.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <tuple>
-
-#include <unistd.h>
 
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
@@ -102,10 +102,10 @@ TEST_P(FailoverTest, RoundMovesToTheBackupAndNothingAcceptedIsLost) {
   while (power < static_cast<uint64_t>(sites - 1)) power *= 2;
   const int heavy = dead == 0 ? 1 : 0;  // The survivor that tops up.
   config.learner = [&](int i, TestLearnerOptions* options) {
-    options->sample_count = i == dead    ? power
-                            : i == heavy ? power - static_cast<uint64_t>(
-                                                       sites - 2)
-                                         : 1;
+    options->sample_count = i == dead ? power
+                            : i == heavy
+                                ? power - static_cast<uint64_t>(sites - 2)
+                                : 1;
   };
   Sim sim(config);
   const std::string aggregator = Sim::Name(dead);

@@ -42,10 +42,9 @@ TEST(SimTest, DuplicatedMessagesChangeNothing) {
   EXPECT_GT(duplicated, 0);
   // (No ShareBest: the last aggregator trained on the best model and
   // sends BEST itself.)
-  EXPECT_EQ(kinds, (std::set<CallKind>{CallKind::kLearnTask,
-                                       CallKind::kRequestToSubmit,
-                                       CallKind::kSubmitResult,
-                                       CallKind::kFinalResult}))
+  EXPECT_EQ(kinds, (std::set<CallKind>{
+                       CallKind::kLearnTask, CallKind::kRequestToSubmit,
+                       CallKind::kSubmitResult, CallKind::kFinalResult}))
       << "every kind of call was duplicated";
   for (int i = 0; i < doubled.size(); ++i) {
     EXPECT_EQ(doubled.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);

@@ -9,9 +9,9 @@
 #include "controller/fake_network.h"
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
-#include "streaming/digest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 namespace sim {

@@ -563,7 +563,8 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
   auto it = pending_finals_.find(e.persist);
   if (it == pending_finals_.end()) {
     if (e.status.ok()) return;
-    if (!Active()) return ReportError(absl::StrCat("saving ", e.what), e.status);
+    if (!Active())
+      return ReportError(absl::StrCat("saving ", e.what), e.status);
     // The site cannot keep its job on disk (a full or failing workspace):
     // it leaves the job, and its peers go on without it (an aggregator's
     // trainers fail over to the round's next backup).

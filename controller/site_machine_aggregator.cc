@@ -322,9 +322,9 @@ v1::Reply SiteMachine::OnResult(
     // This site's disk failed under the result (full, failing): the result
     // is not at fault, and the site cannot gather. It leaves the job; the
     // trainer, answered ABORTED, takes its result to the next backup.
-    const std::string what = absl::StrCat("round ", header.round(),
-                                          ": storing the result from ",
-                                          header.sender());
+    const std::string what =
+        absl::StrCat("round ", header.round(), ": storing the result from ",
+                     header.sender());
     Fail(what, end.refused);
     return MakeReply(v1::OUTCOME_ABORTED,
                      absl::StrCat("site ", options_.site, " failed (", what,

@@ -134,12 +134,13 @@ void SiteMachine::OnBestDeadline(uint32_t last_round) {
       finals_.count(v1::MODEL_KIND_LAST) == 0) {
     return;
   }
-  Fail("final models",
-       absl::DeadlineExceededError(absl::StrCat(
-           "LAST of round ", last_round, " arrived but no BEST within twice ",
-           "final_result_ack_timeout_ms; no site holding the best model (round ",
-           record_.best.round(), ", scored by ", record_.best.site(),
-           ") gave it")));
+  Fail(
+      "final models",
+      absl::DeadlineExceededError(absl::StrCat(
+          "LAST of round ", last_round, " arrived but no BEST within twice ",
+          "final_result_ack_timeout_ms; no site holding the best model (round ",
+          record_.best.round(), ", scored by ", record_.best.site(),
+          ") gave it")));
 }
 
 void SiteMachine::OnFinalGrace(uint64_t id) {

@@ -71,8 +71,9 @@ TEST_F(SiteMachineTest, StartRoundWithoutItsModelIsRefusedAndStaysConfigured) {
   const auto loads = All<effect::LoadInitialModel>(started);
   ASSERT_EQ(loads.size(), 1u);
   EXPECT_EQ(loads[0]->kept_round, std::optional<uint32_t>(3));
-  const Effects refused = Step(event::InitialModel{absl::FailedPreconditionError(
-      "start_round 3: site a holds no global model of round 3")});
+  const Effects refused =
+      Step(event::InitialModel{absl::FailedPreconditionError(
+          "start_round 3: site a holds no global model of round 3")});
   EXPECT_EQ(OutcomeOf(refused, start.request), v1::OUTCOME_REJECTED);
   EXPECT_EQ(Status().state(), v1::SITE_STATE_CONFIGURED);
   EXPECT_THAT(Status().last_error(), HasSubstr("no global model of round 3"));
@@ -350,7 +351,8 @@ TEST_F(SiteMachineTest, LastWithoutBestEndsFailedAfterTheFinalsBound) {
   const auto timers = All<effect::SetTimer>(last.effects);
   ASSERT_EQ(timers.size(), 1u);
   EXPECT_EQ(timers[0]->when,
-            now_ + 2 * absl::Milliseconds(view_->config().final_result_ack_timeout_ms()));
+            now_ + 2 * absl::Milliseconds(
+                           view_->config().final_result_ack_timeout_ms()));
   EXPECT_NE(Status().state(), v1::SITE_STATE_FAILED);
   Fire(*timers[0]);
   EXPECT_EQ(Status().state(), v1::SITE_STATE_FAILED);

@@ -168,9 +168,10 @@ void SiteMachine::CatchUp(const v1::ModelHeader& stale) {
   Call call;
   call.purpose = Call::Purpose::kCatchUp;
   call.round = current_task_->round();
-  SWARM_LOG_INFO("round %d: %s handed over round %d, which is past here; "
-                 "sending it round %d's learn task",
-                 call.round, stale.sender(), stale.round(), call.round);
+  SWARM_LOG_INFO(
+      "round %d: %s handed over round %d, which is past here; "
+      "sending it round %d's learn task",
+      call.round, stale.sender(), stale.round(), call.round);
   Send(stale.sender(), std::move(message), call, /*retry=*/true);
 }
 

@@ -165,7 +165,8 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         // Waits for the first round's learn tasks to be out, at most until
         // the call's deadline (an hour without one).
         absl::Time deadline = absl::Now() + absl::Hours(1);
-        if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+        if (context->deadline() !=
+            std::chrono::system_clock::time_point::max()) {
           deadline = std::min(deadline, absl::FromChrono(context->deadline()));
         }
         *reply = controller_->Start(*request, deadline);

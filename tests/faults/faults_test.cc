@@ -565,6 +565,25 @@ class NetFaults : public ::testing::Test {
   }
 
   std::vector<std::string> mounts_;
+  // The job of the "before its task arrives" cases (4 rounds, 3 s of
+  // training) with a seed that elects different aggregators for rounds 1
+  // and 2, started; returns once round 1 trains, with round 2's aggregator
+  // in `victim`.
+  void StartUntilRoundOneTrains(std::string* victim) {
+    CaseOptions options;
+    options.rounds = 4;
+    options.train_ms = 3000;
+    MakeJob(options);
+    while (Aggregator(1) == Aggregator(2)) job_.set_seed(job_.seed() + 1);
+    *victim = Aggregator(2);
+    ASSERT_NO_FATAL_FAILURE(Start());
+    Note(absl::StrCat("seed ", job_.seed(), "; round 1 aggregator ",
+                      Aggregator(1), "; round 2 order ",
+                      absl::StrJoin(ElectionOrder(job_, 2), ",")));
+    ASSERT_NO_FATAL_FAILURE(
+        WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
+  }
+
   std::unique_ptr<NetnsSwarm> swarm_;
   v1::JobConfig job_;
   absl::Time start_time_ = absl::Now();
@@ -869,19 +888,9 @@ TEST_F(NetFaults, AllSitesKilledThenResumed) {
 // down; the job completes on the other three sites. (The seed is chosen so
 // that round 1's aggregator is another site.)
 TEST_F(NetFaults, AggregatorKilledBeforeItsTaskArrives) {
-  CaseOptions options;
-  options.rounds = 4;
-  options.train_ms = 3000;
-  MakeJob(options);
   const uint32_t r = 1;
-  while (Aggregator(r) == Aggregator(r + 1)) job_.set_seed(job_.seed() + 1);
-  const std::string victim = Aggregator(r + 1);
-  ASSERT_NO_FATAL_FAILURE(Start());
-  Note(absl::StrCat("seed ", job_.seed(), "; round 1 aggregator ",
-                    Aggregator(r), "; round 2 order ",
-                    absl::StrJoin(ElectionOrder(job_, r + 1), ",")));
-  ASSERT_NO_FATAL_FAILURE(
-      WaitSite(kBystander, TrainingRound(r), "s4 training round 1"));
+  std::string victim;
+  ASSERT_NO_FATAL_FAILURE(StartUntilRoundOneTrains(&victim));
   swarm_->Kill(victim);
   Note(absl::StrCat("kill -9 ", victim, " (round 2's aggregator)"));
   WaitPastRound(r + 1, Others({victim}), /*all=*/false,
@@ -895,19 +904,9 @@ TEST_F(NetFaults, AggregatorKilledBeforeItsTaskArrives) {
 // workspace) 5 s later: it rejoins as an ordinary site and every site ends
 // done.
 TEST_F(NetFaults, AggregatorKilledBeforeItsTaskArrivesRestarts) {
-  CaseOptions options;
-  options.rounds = 4;
-  options.train_ms = 3000;
-  MakeJob(options);
   const uint32_t r = 1;
-  while (Aggregator(r) == Aggregator(r + 1)) job_.set_seed(job_.seed() + 1);
-  const std::string victim = Aggregator(r + 1);
-  ASSERT_NO_FATAL_FAILURE(Start());
-  Note(absl::StrCat("seed ", job_.seed(), "; round 1 aggregator ",
-                    Aggregator(r), "; round 2 order ",
-                    absl::StrJoin(ElectionOrder(job_, r + 1), ",")));
-  ASSERT_NO_FATAL_FAILURE(
-      WaitSite(kBystander, TrainingRound(r), "s4 training round 1"));
+  std::string victim;
+  ASSERT_NO_FATAL_FAILURE(StartUntilRoundOneTrains(&victim));
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(victim, absl::Seconds(5), r + 1));
   Expect expect;
   expect.unsteady = {victim};
