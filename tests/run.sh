@@ -3,7 +3,7 @@
 #
 #   tests/run.sh            release build + full suite, then the full suite under
 #                           AddressSanitizer+UBSan, then the concurrency tests
-#                           under ThreadSanitizer, then each fuzz target for 60 s,
+#                           under ThreadSanitizer, then each fuzz target for 30 s,
 #                           then the deploy stage (tests/deploy/run.sh: the
 #                           container image, the compose swarm and the generated
 #                           Kubernetes manifests under Podman; as root, else it
@@ -78,7 +78,7 @@ if [ "$QUICK" -eq 0 ]; then
   build_and_test tsan "-L concurrency -LE grpc" "$TSAN_TARGETS" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSWARM_SANITIZE_THREAD=ON -DSWARM_BUILD_BENCH=OFF
   echo "=== fuzz"
-  bash "$ROOT/tests/fuzz/run.sh" "${SWARM_FUZZ_SECONDS:-60}"
+  bash "$ROOT/tests/fuzz/run.sh" "${SWARM_FUZZ_SECONDS:-30}"
   echo "=== deploy (container image, compose, Kubernetes manifests; Podman)"
   deploy_start=$SECONDS
   bash "$ROOT/tests/deploy/run.sh" "$ROOT/build/release"

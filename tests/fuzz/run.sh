@@ -3,7 +3,7 @@
 # its committed seed corpus (new inputs go to build/fuzz/corpus, not to the
 # repository). Fails on any crash; the reproducer is left in build/fuzz/.
 #
-#   tests/fuzz/run.sh [SECONDS_PER_TARGET]     (default 60)
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET]     (default 60; tests/run.sh passes 30)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SECONDS_PER_TARGET=${1:-60}
