@@ -70,20 +70,29 @@ absl::StatusOr<std::unique_ptr<MeteredTransport>> MeteredTransport::Create(
       "Tensor bytes of the models this site delivered to a peer.",
       {"site", "peer"});
   if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<GaugeFamily*> up = registry->AddGauge(
+      "swarm_peer_up",
+      "1 when this site's last call to the peer reached it (whatever it "
+      "answered), 0 when it could not (down, unreachable, no answer in "
+      "time).",
+      {"site", "peer"});
+  if (!up.ok()) return up.status();
   return std::unique_ptr<MeteredTransport>(new MeteredTransport(
-      inner, std::move(site), *calls, *seconds, *models, *bytes));
+      inner, std::move(site), *calls, *seconds, *models, *bytes, *up));
 }
 
 MeteredTransport::MeteredTransport(PeerTransport* inner, std::string site,
                                    CounterFamily* calls,
                                    HistogramFamily* seconds,
-                                   CounterFamily* models, CounterFamily* bytes)
+                                   CounterFamily* models, CounterFamily* bytes,
+                                   GaugeFamily* up)
     : inner_(inner),
       site_(std::move(site)),
       calls_(calls),
       seconds_(seconds),
       models_(models),
-      bytes_(bytes) {}
+      bytes_(bytes),
+      up_(up) {}
 
 void MeteredTransport::PrepareForJob(const v1::JobConfig& job) {
   inner_->PrepareForJob(job);
@@ -107,6 +116,11 @@ void MeteredTransport::Send(const v1::SiteInfo& to, PeerMessage message,
             .IgnoreError();
         (*seconds_->WithLabels({site_, peer, kind_label}))
             ->Observe(absl::ToDoubleSeconds(absl::Now() - started));
+        const bool unreachable =
+            !reply.ok() &&
+            (reply.status().code() == absl::StatusCode::kUnavailable ||
+             reply.status().code() == absl::StatusCode::kDeadlineExceeded);
+        (*up_->WithLabels({site_, peer}))->Set(unreachable ? 0 : 1);
         if (stream && reply.ok() && reply->outcome(kind) == v1::OUTCOME_OK) {
           (*models_->WithLabels({site_, peer}))->Inc().IgnoreError();
           (*bytes_->WithLabels({site_, peer}))

@@ -7,6 +7,13 @@
 //   swarm_peer_call_seconds{site,peer,kind}             their duration
 //   swarm_peer_models_sent_total{site,peer}             model streams delivered
 //   swarm_peer_model_bytes_sent_total{site,peer}        their tensor bytes
+//   swarm_peer_up{site,peer}                            1 when the last call
+//                                                        reached the peer
+//                                                        (whatever it
+//                                                        answered), 0 when it
+//                                                        could not (down,
+//                                                        unreachable, no
+//                                                        answer in time)
 //
 // kind: learn_task, request_to_submit, submit_result, share_best,
 // final_result. outcome: ok, retry, rejected, bad_request, aborted (the
@@ -50,7 +57,7 @@ class MeteredTransport : public PeerTransport {
  private:
   MeteredTransport(PeerTransport* inner, std::string site, CounterFamily* calls,
                    HistogramFamily* seconds, CounterFamily* models,
-                   CounterFamily* bytes);
+                   CounterFamily* bytes, GaugeFamily* up);
 
   PeerTransport* const inner_;
   const std::string site_;
@@ -58,6 +65,7 @@ class MeteredTransport : public PeerTransport {
   HistogramFamily* const seconds_;
   CounterFamily* const models_;
   CounterFamily* const bytes_;
+  GaugeFamily* const up_;
   std::atomic<uint64_t> bytes_sent_{0};
 };
 

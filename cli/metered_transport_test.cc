@@ -123,6 +123,30 @@ TEST(MeteredTransportTest, CountsCallsModelsAndBytesPerPeer) {
                    "peer=\"site-b\",kind=\"learn_task\"}"),
             1);
   EXPECT_EQ((*metered)->bytes_sent(), 1024u + 2048u);
+  // site-b's last call was answered (retry): up; site-c answered too.
+  EXPECT_EQ(Sample(text, "swarm_peer_up{site=\"site-a\",peer=\"site-b\"}"), 1);
+  EXPECT_EQ(Sample(text, "swarm_peer_up{site=\"site-a\",peer=\"site-c\"}"), 1);
+}
+
+TEST(MeteredTransportTest, PeerUpFollowsTheLastCall) {
+  MetricsRegistry registry;
+  RecordingTransport inner;
+  absl::StatusOr<std::unique_ptr<MeteredTransport>> metered =
+      MeteredTransport::Create(&inner, &registry, "site-a");
+  ASSERT_TRUE(metered.ok()) << metered.status();
+  PeerMessage ask;
+  ask.kind = CallKind::kRequestToSubmit;
+  auto ignore = [](absl::StatusOr<PeerReply>) {};
+  const std::string up = "swarm_peer_up{site=\"site-a\",peer=\"site-b\"}";
+  (*metered)->Send(Site("site-b"), ask, ignore);
+  inner.calls[0].done(absl::UnavailableError("connection refused"));
+  EXPECT_EQ(Sample(registry.Exposition(), up), 0);
+  (*metered)->Send(Site("site-b"), ask, ignore);
+  inner.calls[1].done(Answer(v1::OUTCOME_REJECTED));  // Reached: it refused.
+  EXPECT_EQ(Sample(registry.Exposition(), up), 1);
+  (*metered)->Send(Site("site-b"), ask, ignore);
+  inner.calls[2].done(absl::DeadlineExceededError("no answer"));
+  EXPECT_EQ(Sample(registry.Exposition(), up), 0);
 }
 
 TEST(ReceivedModelMeterTest, CountsModelsBytesAndDigestFailuresPerPeer) {

@@ -46,6 +46,10 @@ struct SiteMetrics::Families {
   CounterFamily* results_accepted = nullptr;
   CounterFamily* results_rejected = nullptr;
   CounterFamily* permissions_granted = nullptr;
+  CounterFamily* permission_retries = nullptr;
+  CounterFamily* permissions_expired = nullptr;
+  CounterFamily* results_late = nullptr;
+  CounterFamily* results_failed = nullptr;
   CounterFamily* failovers = nullptr;
   CounterFamily* rounds_taken_over = nullptr;
   CounterFamily* discarded_aggregates = nullptr;
@@ -114,6 +118,21 @@ absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
   counter(&f.permissions_granted, "swarm_permissions_granted_total",
           "Requests to submit this site granted as a round's aggregator.",
           {"site"});
+  counter(&f.permission_retries, "swarm_permission_retries_total",
+          "RETRY answers this site gave to requests to submit as a round's "
+          "aggregator (slots busy, round not open yet).",
+          {"site"});
+  counter(&f.permissions_expired, "swarm_permissions_expired_total",
+          "Permissions this site granted whose lease ran out unused.",
+          {"site"});
+  counter(&f.results_late, "swarm_results_late_total",
+          "Of the results accepted, those of an earlier round (counted late, "
+          "into the round open then).",
+          {"site"});
+  counter(&f.results_failed, "swarm_results_failed_total",
+          "Uploads of results to this site that failed or broke before their "
+          "end (their slot freed).",
+          {"site"});
   counter(&f.failovers, "swarm_failovers_total",
           "Rounds this site handed to a backup aggregator (it could not reach "
           "the round's aggregator).",
@@ -178,6 +197,8 @@ SiteMetrics::SiteMetrics(std::string site, std::unique_ptr<Families> families)
        {families_->rounds_completed, families_->rounds_trained,
         families_->results_accepted, families_->results_rejected,
         families_->permissions_granted, families_->status_changes,
+        families_->permission_retries, families_->permissions_expired,
+        families_->results_late, families_->results_failed,
         families_->failovers, families_->rounds_taken_over,
         families_->discarded_aggregates, families_->trainers_dropped,
         families_->rejoins}) {
@@ -215,6 +236,12 @@ void SiteMetrics::ObserveCounters(const v1::SiteCounters& counters) {
   Count(families_->trainers_dropped, counters.trainers_dropped(),
         &last_dropped_);
   Count(families_->rejoins, counters.rejoins(), &last_rejoins_);
+  Count(families_->permission_retries, counters.permission_retries(),
+        &last_retries_);
+  Count(families_->permissions_expired, counters.permissions_expired(),
+        &last_expired_);
+  Count(families_->results_late, counters.results_late(), &last_late_);
+  Count(families_->results_failed, counters.results_failed(), &last_failed_);
 }
 
 void SiteMetrics::ObserveGauges(const v1::SiteStatus& status) {

@@ -100,6 +100,10 @@ class SiteMetrics {
   uint64_t last_discarded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_rejoins_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_retries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_expired_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_late_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_failed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_error_time_ms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

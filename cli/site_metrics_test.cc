@@ -190,6 +190,27 @@ TEST_F(SiteMetricsTest, FailoverAndRejoinCountersFollowTheStatus) {
   EXPECT_EQ(Value("swarm_rejoins_total{site=\"site-a\"}"), 1);
 }
 
+TEST_F(SiteMetricsTest, PermissionAndResultOutcomesFollowTheStatus) {
+  for (const char* name :
+       {"swarm_permission_retries_total", "swarm_permissions_expired_total",
+        "swarm_results_late_total", "swarm_results_failed_total"}) {
+    EXPECT_EQ(Value(std::string(name) + "{site=\"site-a\"}"), 0) << name;
+  }
+  v1::StatusReply reply = Reply("job-1", v1::SITE_STATE_GATHERING, 2, 1);
+  v1::SiteCounters* counters = reply.mutable_status()->mutable_counters();
+  counters->set_permission_retries(7);
+  counters->set_permissions_expired(1);
+  counters->set_results_late(2);
+  counters->set_results_failed(3);
+  See(reply, 1);
+  counters->set_permission_retries(9);
+  See(reply, 2);
+  EXPECT_EQ(Value("swarm_permission_retries_total{site=\"site-a\"}"), 9);
+  EXPECT_EQ(Value("swarm_permissions_expired_total{site=\"site-a\"}"), 1);
+  EXPECT_EQ(Value("swarm_results_late_total{site=\"site-a\"}"), 2);
+  EXPECT_EQ(Value("swarm_results_failed_total{site=\"site-a\"}"), 3);
+}
+
 TEST_F(SiteMetricsTest, GaugesFollowTheStatus) {
   v1::StatusReply reply = Reply("job-1", v1::SITE_STATE_TRAINING, 4, 1);
   v1::SiteStatus* status = reply.mutable_status();

@@ -13,6 +13,10 @@ void RoundCounters::Add(const RoundCounters& other) {
   rejected += other.rejected;
   in_flight += other.in_flight;
   max_in_flight = std::max(max_in_flight, other.max_in_flight);
+  retries += other.retries;
+  late += other.late;
+  failed += other.failed;
+  expired += other.expired;
 }
 
 void RoundCounters::CopyTo(v1::SiteCounters* counters) const {
@@ -21,6 +25,10 @@ void RoundCounters::CopyTo(v1::SiteCounters* counters) const {
   counters->set_results_rejected(rejected);
   counters->set_submissions_in_flight(in_flight);
   counters->set_max_submissions_in_flight(max_in_flight);
+  counters->set_permission_retries(retries);
+  counters->set_results_late(late);
+  counters->set_results_failed(failed);
+  counters->set_permissions_expired(expired);
 }
 
 absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
@@ -70,6 +78,10 @@ RoundCounters AggregationRound::counters() const {
   counters.max_in_flight = gathered.max_in_flight;
   counters.accepted = accepted_;
   counters.rejected = rejected_;
+  counters.retries = gathered.permission_retries;
+  counters.late = gathered.late_accepted;
+  counters.failed = gathered.failed;
+  counters.expired = gathered.expired;
   return counters;
 }
 

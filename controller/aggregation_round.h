@@ -42,6 +42,10 @@ struct RoundCounters {
   uint64_t rejected = 0;   // Results refused (header, body or aggregation).
   uint64_t in_flight = 0;  // Slots held now (permission or upload).
   uint64_t max_in_flight = 0;
+  uint64_t retries = 0;  // RETRY answers to requests to submit.
+  uint64_t late = 0;     // Of `accepted`, earlier rounds' results.
+  uint64_t failed = 0;   // Uploads that failed or broke.
+  uint64_t expired = 0;  // Permissions whose lease ran out.
 
   // Adds `other` (max_in_flight as a maximum).
   void Add(const RoundCounters& other);
