@@ -126,6 +126,13 @@ absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::LoadKeptRound(
       "round 0, or continue a stopped job with swarmctl resume"));
 }
 
+void SiteDriver::AskLater(Event event, RequestId request,
+                          std::function<void(v1::Reply)> done) {
+  Feed(std::move(event), request, [done = std::move(done)](effect::Reply& r) {
+    done(std::get<v1::Reply>(std::move(r.answer)));
+  });
+}
+
 v1::Reply SiteDriver::AskAndWait(Event event, RequestId request,
                                  absl::Time deadline) {
   struct Waiting {
@@ -133,9 +140,9 @@ v1::Reply SiteDriver::AskAndWait(Event event, RequestId request,
     std::optional<v1::Reply> reply ABSL_GUARDED_BY(mu);
   };
   auto waiting = std::make_shared<Waiting>();
-  Feed(std::move(event), request, [waiting](effect::Reply& r) {
+  AskLater(std::move(event), request, [waiting](v1::Reply answer) {
     absl::MutexLock lock(&waiting->mu);
-    waiting->reply = std::get<v1::Reply>(std::move(r.answer));
+    waiting->reply = std::move(answer);
   });
   std::optional<v1::Reply> reply;
   {

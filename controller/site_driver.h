@@ -128,8 +128,12 @@ class SiteDriver {
   RequestId NewRequest() ABSL_LOCKS_EXCLUDED(mu_);
   // A synchronous operator call: the machine answers it in the same step.
   v1::Reply Ask(Event event, RequestId request);
-  // An operator call the machine answers in a later step: waits for the
-  // answer until `deadline` (then RETRY, the call going on).
+  // An operator call the machine answers in this step or a later one:
+  // `done` gets the answer from whichever thread steps the machine then.
+  void AskLater(Event event, RequestId request,
+                std::function<void(v1::Reply)> done) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, waiting for the answer until `deadline` (then RETRY, the
+  // call going on).
   v1::Reply AskAndWait(Event event, RequestId request, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The kept global model of `round` (a start_round above 0), or why not.

@@ -95,9 +95,7 @@ v1::Reply SiteDriver::Start(const v1::StartRequest& request,
 void SiteDriver::Start(const v1::StartRequest& request,
                        std::function<void(v1::Reply)> done) {
   const RequestId id = NewRequest();
-  Feed(event::Start{id, request}, id, [done](effect::Reply& r) {
-    done(std::get<v1::Reply>(std::move(r.answer)));
-  });
+  AskLater(event::Start{id, request}, id, std::move(done));
 }
 
 v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {

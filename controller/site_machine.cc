@@ -151,20 +151,36 @@ void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
   PersistState();
 }
 
-void SiteMachine::PersistClearOffloadAndState() {
+PersistId SiteMachine::PersistClearOffloadAndState(bool notify) {
   effect::Persist clear;
   clear.what = effect::Persist::What::kClearOffload;
   clear.persist = next_persist_++;
   clear.job_id = job_->id();
   out_.push_back(std::move(clear));
-  PersistState();
+  return PersistState(notify);
 }
 
-void SiteMachine::PersistState() {
-  if (job_ == nullptr) return;
+void SiteMachine::ArmStartDeadline() {
+  if (!IsTrainer(options_.site)) return;
+  Timer timer;
+  timer.purpose = Timer::Purpose::kStartDeadline;
+  SetTimer(now_ + job_->start_timeout(), timer);
+}
+
+v1::Reply SiteMachine::FailAndAbort(const std::string& what,
+                                    const absl::Status& status) {
+  Fail(what, status);
+  return MakeReply(v1::OUTCOME_ABORTED,
+                   absl::StrCat("site ", options_.site, " failed (", what, ": ",
+                                status.message(), ")"));
+}
+
+PersistId SiteMachine::PersistState(bool notify) {
+  if (job_ == nullptr) return 0;
   effect::Persist persist;
   persist.what = effect::Persist::What::kState;
   persist.persist = next_persist_++;
+  persist.notify = notify;
   persist.job_id = job_->id();
   v1::JobState& state = persist.state;
   state.set_job_id(job_->id());
@@ -180,7 +196,9 @@ void SiteMachine::PersistState() {
   state.set_global_round(persisted_global_round_);
   LineageToProto(persisted_global_lineage_, state.mutable_global_lineage());
   state.set_updated_time_ms(absl::ToUnixMillis(now_));
+  const PersistId id = persist.persist;
   out_.push_back(std::move(persist));
+  return id;
 }
 
 v1::ModelHeader SiteMachine::BaseHeader(v1::ModelKind kind,
@@ -280,14 +298,10 @@ void SiteMachine::OnConfigure(event::Configure& e) {
   PermissionMayChange();
   PersistClearOffloadAndState();
   out_.push_back(effect::PrepareTransport{job_->config()});
-  if (IsTrainer(options_.site)) {
-    // A trainer takes part in every round: no task for this long means the
-    // job never started (a non-trainer candidate may wait for its first
-    // election as long as the job lasts).
-    Timer timer;
-    timer.purpose = Timer::Purpose::kStartDeadline;
-    SetTimer(now_ + job_->start_timeout(), timer);
-  }
+  // A trainer takes part in every round: no task for this long means the
+  // job never started (a non-trainer candidate may wait for its first
+  // election as long as the job lasts).
+  ArmStartDeadline();
   SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->id(),
                  job_->config().sites_size(), job_->config().num_rounds());
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "configured"));
@@ -323,11 +337,7 @@ void SiteMachine::OnRecover(event::Recover& e) {
   } else {
     record_.state =
         record_.started ? v1::SITE_STATE_IDLE : v1::SITE_STATE_CONFIGURED;
-    if (!record_.started && IsTrainer(options_.site)) {
-      Timer timer;
-      timer.purpose = Timer::Purpose::kStartDeadline;
-      SetTimer(now_ + job_->start_timeout(), timer);
-    }
+    if (!record_.started) ArmStartDeadline();
   }
   PermissionMayChange();
   SWARM_LOG_INFO(
@@ -576,13 +586,10 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
   if (!e.status.ok()) {
     // This site's disk cannot take the final model: it leaves the job
     // (the sender, answered ABORTED, does not retry); the others finish.
-    const std::string what =
-        absl::StrCat("saving ", v1::ModelKind_Name(header.kind()));
-    Fail(what, e.status);
-    return Reply(pending.request,
-                 MakeReply(v1::OUTCOME_ABORTED,
-                           absl::StrCat("site ", options_.site, " failed (",
-                                        what, ": ", e.status.message(), ")")));
+    return Reply(
+        pending.request,
+        FailAndAbort(absl::StrCat("saving ", v1::ModelKind_Name(header.kind())),
+                     e.status));
   }
   absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
   if (!job.ok()) return Reply(pending.request, ReplyFromStatus(job));

@@ -452,10 +452,18 @@ class SiteMachine {
   }
   void EndActivity();  // Drops training, rounds, calls, held requests.
   void DropRounds();
-  void PersistState();
+  // Returns the state write's id (0 without a job); with `notify` its end
+  // comes back as kPersistDone.
+  PersistId PersistState(bool notify = false);
   // The job's offload files go first (nothing of an ended round is needed),
   // then the state file. REQUIRES: a job.
-  void PersistClearOffloadAndState();
+  PersistId PersistClearOffloadAndState(bool notify = false);
+  // A trainer's deadline for its first learn task (start_timeout_ms).
+  void ArmStartDeadline();
+  // This site cannot go on (its disk failed under `what`): it fails, and
+  // the caller it was answering is told ABORTED, so that it takes its
+  // model to the round's next backup or finishes without this site.
+  v1::Reply FailAndAbort(const std::string& what, const absl::Status& status);
   v1::ModelHeader BaseHeader(v1::ModelKind kind, uint32_t round) const;
   AssemblerOptions AssemblerFor(v1::ModelKind kind) const;
   CallId Send(const std::string& to, PeerMessage message, Call call,

@@ -236,11 +236,9 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   // The state file names that global model only after it is written.
   persisted_global_round_ = e.round + 1;
   persisted_global_lineage_ = Extend(closing.lineage, e.round, closing.attempt);
-  PersistClearOffloadAndState();
   // Status says the model is on disk once the state file naming it is.
-  auto& state = std::get<effect::Persist>(out_.back());
-  state.notify = true;
-  durable_writes_[state.persist] = persisted_global_round_;
+  durable_writes_[PersistClearOffloadAndState(/*notify=*/true)] =
+      persisted_global_round_;
   if (e.round < job_->last_round() && closing.stop_reason.empty()) {
     ScatterRound(e.round + 1, std::move(next), closing.best,
                  Extend(closing.lineage, e.round, closing.attempt));
@@ -322,14 +320,10 @@ v1::Reply SiteMachine::OnResult(
     // This site's disk failed under the result (full, failing): the result
     // is not at fault, and the site cannot gather. It leaves the job; the
     // trainer, answered ABORTED, takes its result to the next backup.
-    const std::string what =
+    return FailAndAbort(
         absl::StrCat("round ", header.round(), ": storing the result from ",
-                     header.sender());
-    Fail(what, end.refused);
-    return MakeReply(v1::OUTCOME_ABORTED,
-                     absl::StrCat("site ", options_.site, " failed (", what,
-                                  ": ", end.refused.message(),
-                                  "); submit to the round's next backup"));
+                     header.sender()),
+        end.refused);
   }
   if (!end.refused.ok()) {
     ReportError(absl::StrCat("round ", header.round(), ": result from ",
