@@ -1,5 +1,7 @@
 #include "cli/metered_transport.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,31 @@ const char* OutcomeLabel(v1::Outcome outcome) {
 }
 
 }  // namespace
+
+void ByteTally::Add(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  total_ += bytes;
+  // The time is taken under the lock: growths stay in time order.
+  growths_.push_back(Growth{absl::Now(), total_});
+  if (growths_.size() > kKept) {
+    before_kept_ = growths_.front().total;
+    growths_.pop_front();
+  }
+}
+
+uint64_t ByteTally::Total() const {
+  absl::MutexLock lock(&mu_);
+  return total_;
+}
+
+uint64_t ByteTally::TotalAt(absl::Time at) const {
+  absl::MutexLock lock(&mu_);
+  auto later = std::upper_bound(
+      growths_.begin(), growths_.end(), at,
+      [](absl::Time t, const Growth& growth) { return t < growth.at; });
+  if (later == growths_.begin()) return before_kept_;
+  return std::prev(later)->total;
+}
 
 absl::StatusOr<std::unique_ptr<MeteredTransport>> MeteredTransport::Create(
     PeerTransport* inner, MetricsRegistry* registry, std::string site) {
@@ -126,7 +153,7 @@ void MeteredTransport::Send(const v1::SiteInfo& to, PeerMessage message,
           (*bytes_->WithLabels({site_, peer}))
               ->Inc(static_cast<double>(model_bytes))
               .IgnoreError();
-          bytes_sent_.fetch_add(model_bytes, std::memory_order_relaxed);
+          bytes_sent_.Add(model_bytes);
         }
         done(std::move(reply));
       });
@@ -177,7 +204,7 @@ void ReceivedModelMeter::Observe(const std::string& peer, uint64_t bytes,
     (*bytes_->WithLabels({site_, peer}))
         ->Inc(static_cast<double>(bytes))
         .IgnoreError();
-    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+    bytes_received_.Add(bytes);
     return;
   }
   (*broken_->WithLabels({site_, peer}))->Inc().IgnoreError();

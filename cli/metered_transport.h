@@ -25,17 +25,46 @@
 #ifndef SWARM_CLI_METERED_TRANSPORT_H_
 #define SWARM_CLI_METERED_TRANSPORT_H_
 
-#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "controller/peer_transport.h"
 #include "metrics/metrics.h"
 
 namespace swarm {
+
+// A running total of bytes with the times it grew, so the total as of a past
+// moment can be read back: the round record credits each round with the
+// model bytes moved between its start and end, which the status watcher
+// learns of afterwards (cli/site_metrics.h). Keeps the last kKept growths.
+// Thread-safe.
+class ByteTally {
+ public:
+  static constexpr size_t kKept = 1024;
+
+  // Grows the total by `bytes` now.
+  void Add(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t Total() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The total as of `at` (growths later than `at` left out; before the
+  // oldest kept growth, the total before it).
+  uint64_t TotalAt(absl::Time at) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Growth {
+    absl::Time at;
+    uint64_t total;  // After it.
+  };
+  mutable absl::Mutex mu_;
+  std::deque<Growth> growths_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t before_kept_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 class MeteredTransport : public PeerTransport {
  public:
@@ -50,8 +79,10 @@ class MeteredTransport : public PeerTransport {
 
   // Tensor bytes of every model delivered so far (the sum of
   // swarm_peer_model_bytes_sent_total). Thread-safe.
-  uint64_t bytes_sent() const {
-    return bytes_sent_.load(std::memory_order_relaxed);
+  uint64_t bytes_sent() const { return bytes_sent_.Total(); }
+  // The same as of `at`.
+  uint64_t bytes_sent_at(absl::Time at) const {
+    return bytes_sent_.TotalAt(at);
   }
 
  private:
@@ -66,7 +97,7 @@ class MeteredTransport : public PeerTransport {
   CounterFamily* const models_;
   CounterFamily* const bytes_;
   GaugeFamily* const up_;
-  std::atomic<uint64_t> bytes_sent_{0};
+  ByteTally bytes_sent_;
 };
 
 // The models this site receives, per peer:
@@ -90,8 +121,10 @@ class ReceivedModelMeter {
                const absl::Status& status);
 
   // Tensor bytes of every model received whole so far. Thread-safe.
-  uint64_t bytes_received() const {
-    return bytes_received_.load(std::memory_order_relaxed);
+  uint64_t bytes_received() const { return bytes_received_.Total(); }
+  // The same as of `at`.
+  uint64_t bytes_received_at(absl::Time at) const {
+    return bytes_received_.TotalAt(at);
   }
 
  private:
@@ -104,7 +137,7 @@ class ReceivedModelMeter {
   CounterFamily* const bytes_;
   CounterFamily* const broken_;
   CounterFamily* const digest_failures_;
-  std::atomic<uint64_t> bytes_received_{0};
+  ByteTally bytes_received_;
 };
 
 }  // namespace swarm

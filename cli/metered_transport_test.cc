@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
@@ -184,6 +185,32 @@ TEST(ReceivedModelMeterTest, CountsModelsBytesAndDigestFailuresPerPeer) {
                    "swarm_digest_failures_total{site=\"site-a\","
                    "peer=\"site-c\"}"),
             1);
+}
+
+// The total as of a past moment: what the round record credits a round
+// with after the watcher learns of the round's end.
+TEST(ByteTallyTest, TotalAtAPastMoment) {
+  ByteTally tally;
+  const absl::Time before = absl::Now();
+  absl::SleepFor(absl::Milliseconds(2));
+  tally.Add(100);
+  absl::SleepFor(absl::Milliseconds(2));
+  const absl::Time between = absl::Now();
+  absl::SleepFor(absl::Milliseconds(2));
+  tally.Add(50);
+  EXPECT_EQ(tally.Total(), 150u);
+  EXPECT_EQ(tally.TotalAt(before), 0u);
+  EXPECT_EQ(tally.TotalAt(between), 100u);
+  EXPECT_EQ(tally.TotalAt(absl::Now()), 150u);
+}
+
+TEST(ByteTallyTest, BeforeTheOldestKeptGrowthIsTheTotalBeforeIt) {
+  ByteTally tally;
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < ByteTally::kKept + 10; ++i) tally.Add(1);
+  EXPECT_EQ(tally.Total(), ByteTally::kKept + 10);
+  EXPECT_EQ(tally.TotalAt(start - absl::Seconds(1)), 10u);
+  EXPECT_EQ(tally.TotalAt(absl::Now()), ByteTally::kKept + 10);
 }
 
 }  // namespace

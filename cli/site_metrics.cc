@@ -1,5 +1,6 @@
 #include "cli/site_metrics.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -334,8 +335,11 @@ void SiteMetrics::Observe(const v1::StatusReply& reply, absl::Time now) {
 }
 
 StatusWatcher::StatusWatcher(WaitFn wait, ObserveFn observe,
-                             absl::Duration poll)
-    : wait_(std::move(wait)), observe_(std::move(observe)), poll_(poll) {}
+                             absl::Duration poll, absl::Duration min_interval)
+    : wait_(std::move(wait)),
+      observe_(std::move(observe)),
+      poll_(poll),
+      min_interval_(min_interval) {}
 
 StatusWatcher::~StatusWatcher() { Stop(); }
 
@@ -349,18 +353,70 @@ void StatusWatcher::Stop() {
 }
 
 void StatusWatcher::Loop() {
-  // The first status is taken at once, whatever its version.
-  bool first = true;
-  uint64_t version = 0;
   while (!stop_.HasBeenNotified()) {
-    const v1::StatusReply reply = first ? wait_(~uint64_t{0}, absl::Now())
-                                        : wait_(version, absl::Now() + poll_);
-    if (first || reply.version() != version) {
-      first = false;
-      version = reply.version();
-      observe_(reply, absl::Now());
+    uint64_t known_version = ~uint64_t{0};  // The first look returns at once.
+    uint64_t after_change = 0;
+    absl::Time deadline = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      if (last_.has_value()) {
+        known_version = last_->version();
+        deadline += poll_;
+      }
+      after_change = last_change_;
+    }
+    const Watched watched = wait_(known_version, after_change, deadline);
+    if (watched.reply.version() == known_version) continue;  // Poll ran out.
+    {
+      absl::MutexLock lock(&mu_);
+      Deliver(watched, absl::Now());
+    }
+    // Changes until the next look wait in the journal, with their times.
+    stop_.WaitForNotificationWithTimeout(min_interval_);
+  }
+}
+
+void StatusWatcher::LookNow() {
+  absl::MutexLock lock(&mu_);
+  // Under mu_: the watcher's thread cannot deliver an older look after this
+  // one (it skips what was delivered).
+  Deliver(wait_(~uint64_t{0}, last_change_, absl::Now()), absl::Now());
+}
+
+void StatusWatcher::Deliver(const Watched& watched, absl::Time now) {
+  if (last_.has_value() && watched.reply.version() <= last_->version()) {
+    return;  // LookNow delivered this or a newer one meanwhile.
+  }
+  if (last_.has_value()) {
+    // Each change as the status it made: this status with the change's
+    // state, round, counters and metrics.
+    v1::StatusReply step = watched.reply;
+    v1::SiteStatus* status = step.mutable_status();
+    status->set_state(last_->status().state());
+    status->set_round(last_->status().round());
+    for (const StateChange& change : watched.changes) {
+      if (change.seq <= last_change_) continue;
+      if (change.state == status->state() && change.round == status->round()) {
+        continue;
+      }
+      status->set_state(change.state);
+      status->set_round(change.round);
+      *status->mutable_counters() = change.counters;
+      status->mutable_metrics()->clear();
+      for (const auto& [name, value] : change.metrics) {
+        (*status->mutable_metrics())[name] = value;
+      }
+      // Times do not go back (nor past the look).
+      last_time_ = std::min(std::max(change.at, last_time_), now);
+      observe_(step, last_time_);
     }
   }
+  if (!watched.changes.empty()) {
+    last_change_ = std::max(last_change_, watched.changes.back().seq);
+  }
+  last_ = watched.reply;
+  last_time_ = now;
+  observe_(watched.reply, now);
 }
 
 }  // namespace swarm

@@ -260,11 +260,12 @@ TEST(StatusWatcherTest, ObservesEachNewVersionAndStops) {
   uint64_t current = 1;  // Guarded by mu.
   std::vector<uint64_t> seen;
   StatusWatcher watcher(
-      [&](uint64_t known, absl::Time deadline) {
+      [&](uint64_t known, uint64_t, absl::Time deadline) {
         absl::MutexLock lock(&mu);
         auto changed = [&] { return current != known; };
         mu.AwaitWithDeadline(absl::Condition(&changed), deadline);
-        return Reply("job-1", v1::SITE_STATE_TRAINING, 0, current);
+        return StatusWatcher::Watched{
+            Reply("job-1", v1::SITE_STATE_TRAINING, 0, current), {}};
       },
       [&](const v1::StatusReply& reply, absl::Time) {
         absl::MutexLock lock(&mu);
@@ -290,6 +291,91 @@ TEST(StatusWatcherTest, ObservesEachNewVersionAndStops) {
   EXPECT_LT(absl::Now() - stopping, absl::Seconds(2));
   absl::MutexLock lock(&mu);
   EXPECT_EQ(seen, (std::vector<uint64_t>{1, 2, 3, 4}));
+}
+
+// Changes made between two looks reach the observer one by one, with the
+// machine's times and the counters as they were after each; the status
+// itself comes last. The watcher looks at most once per
+// interval however often the status changes.
+TEST(StatusWatcherTest, ReplaysJournaledChangesWithTheirTimes) {
+  const absl::Time t0 = absl::Now();
+  absl::Mutex mu;
+  int looks = 0;    // Guarded by mu.
+  absl::Time base;  // Guarded by mu.
+  struct Seen {
+    v1::SiteState state;
+    uint32_t round;
+    absl::Time at;
+    uint64_t trained;
+  };
+  std::vector<Seen> seen;  // Guarded by mu.
+  StatusWatcher watcher(
+      [&](uint64_t known, uint64_t after, absl::Time deadline) {
+        absl::MutexLock lock(&mu);
+        ++looks;
+        StatusWatcher::Watched watched;
+        if (known == ~uint64_t{0}) {  // The first look: round 0, training.
+          watched.reply = Reply("job-1", v1::SITE_STATE_TRAINING, 0, 1);
+          watched.changes = {{1, v1::SITE_STATE_TRAINING, 0, t0}};
+          return watched;
+        }
+        if (known == 1) {
+          // Four changes since the first look, one a round later.
+          EXPECT_EQ(after, 1u);
+          watched.reply = Reply("job-1", v1::SITE_STATE_TRAINING, 1, 2);
+          watched.reply.mutable_status()
+              ->mutable_counters()
+              ->set_rounds_trained(7);
+          // The interval (200 ms) separates the looks: these times are
+          // after the first one.
+          base = absl::Now() - absl::Milliseconds(50);
+          watched.changes = {
+              {2, v1::SITE_STATE_WAITING_FOR_PERMISSION, 0, base},
+              {3, v1::SITE_STATE_SUBMITTING, 0, base + absl::Milliseconds(10)},
+              {4, v1::SITE_STATE_IDLE, 0, base + absl::Milliseconds(20)},
+              {5, v1::SITE_STATE_TRAINING, 1, base + absl::Milliseconds(30)}};
+          // Counters as they were after each change.
+          for (StateChange& change : watched.changes) {
+            change.counters.set_rounds_trained(change.seq);
+          }
+          return watched;
+        }
+        EXPECT_EQ(after, 5u);
+        mu.AwaitWithDeadline(absl::Condition::kTrue, deadline);
+        watched.reply = Reply("job-1", v1::SITE_STATE_TRAINING, 1, 2);
+        return watched;
+      },
+      [&](const v1::StatusReply& reply, absl::Time at) {
+        absl::MutexLock lock(&mu);
+        seen.push_back({reply.status().state(), reply.status().round(), at,
+                        reply.status().counters().rounds_trained()});
+      },
+      absl::Milliseconds(20), absl::Milliseconds(200));
+  watcher.Start();
+  {
+    absl::MutexLock lock(&mu);
+    auto both = [&] { return seen.size() >= 6; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(10)));
+  }
+  // Within the interval the watcher does not look again.
+  absl::SleepFor(absl::Milliseconds(100));
+  watcher.Stop();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen[0].state, v1::SITE_STATE_TRAINING);
+  const v1::SiteState states[] = {v1::SITE_STATE_WAITING_FOR_PERMISSION,
+                                  v1::SITE_STATE_SUBMITTING,
+                                  v1::SITE_STATE_IDLE, v1::SITE_STATE_TRAINING};
+  for (int i = 0; i < 4; ++i) {
+    const Seen& step = seen[1 + i];
+    EXPECT_EQ(step.state, states[i]) << i;
+    EXPECT_EQ(step.round, i == 3 ? 1u : 0u) << i;
+    EXPECT_EQ(step.at, base + absl::Milliseconds(10 * i)) << i;
+    EXPECT_EQ(step.trained, 2u + i) << i;  // Counters after the change.
+  }
+  EXPECT_EQ(seen[5].state, v1::SITE_STATE_TRAINING);
+  EXPECT_EQ(seen[5].trained, 7u);
+  EXPECT_LE(looks, 3);
 }
 
 }  // namespace

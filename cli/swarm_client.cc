@@ -288,6 +288,9 @@ class Observability {
       received_->Observe(model.peer, model.bytes, model.status);
     };
     options->history = [this](const v1::HistoryRequest& request) {
+      // The watcher looks every 50 ms at most: catch up first, so a History
+      // asked right after the job ended shows its end.
+      if (watcher_ != nullptr) watcher_->LookNow();
       return recorder_.History(request.job_id(), absl::Now());
     };
   }
@@ -301,8 +304,12 @@ class Observability {
   // outlives Stop().
   void Watch(SiteDriver* controller) {
     watcher_ = std::make_unique<StatusWatcher>(
-        [controller](uint64_t version, absl::Time deadline) {
-          return controller->WaitForStatusChange(version, deadline);
+        [controller](uint64_t version, uint64_t after_change,
+                     absl::Time deadline) {
+          StatusWatcher::Watched watched;
+          watched.reply = controller->WaitForStatusChange(
+              version, deadline, after_change, &watched.changes);
+          return watched;
         },
         [this](const v1::StatusReply& reply, absl::Time now) {
           if (reply.status().job_id() != job_) {
@@ -312,8 +319,9 @@ class Observability {
           metrics_->Observe(reply, now);
           recorder_.Observe(
               reply, now,
-              report::Traffic{metered_ != nullptr ? metered_->bytes_sent() : 0,
-                              received_->bytes_received()});
+              report::Traffic{
+                  metered_ != nullptr ? metered_->bytes_sent_at(now) : 0,
+                  received_->bytes_received_at(now)});
         });
     watcher_->Start();
   }
@@ -416,11 +424,12 @@ int Run(int argc, char** argv) {
   PeerServiceOptions service_options =
       ServiceOptionsFor(*config, flags.insecure);
   observability.Serve(&service_options);
+  // Watching before serving: the History RPC reads the watcher.
+  observability.Watch(&controller);
   PeerService service(&controller, std::move(service_options));
   std::unique_ptr<grpc::Server> server =
       StartServer(*config, credentials->server, &service);
   if (server == nullptr) return 1;
-  observability.Watch(&controller);
   if (!observability.address().empty()) {
     LogEvent(LogSeverity::kInfo, "metrics_listening",
              absl::StrCat("metrics listening on http://",

@@ -89,6 +89,13 @@ class SiteDriver {
   // `deadline` passes; then returns Status().
   v1::StatusReply WaitForStatusChange(uint64_t known_version,
                                       absl::Time deadline) const;
+  // The same, and the machine's journaled changes of state or round after
+  // the one numbered `after_change` (SiteMachine::StateChangesAfter) into
+  // `changes`, read under the same lock as the status.
+  v1::StatusReply WaitForStatusChange(uint64_t known_version,
+                                      absl::Time deadline,
+                                      uint64_t after_change,
+                                      std::vector<StateChange>* changes) const;
   // Non-blocking form: `wake` runs on the runner once the status version
   // differs from `known_version`, and again at `deadline` (it may run twice:
   // the caller ignores the second call). No lock is held when it runs.

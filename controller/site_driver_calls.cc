@@ -118,6 +118,18 @@ v1::StatusReply SiteDriver::WaitForStatusChange(uint64_t known_version,
   return machine_.Status();
 }
 
+v1::StatusReply SiteDriver::WaitForStatusChange(
+    uint64_t known_version, absl::Time deadline, uint64_t after_change,
+    std::vector<StateChange>* changes) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return machine_.status_version() != known_version;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  *changes = machine_.StateChangesAfter(after_change);
+  return machine_.Status();
+}
+
 void SiteDriver::WhenStatusChanges(uint64_t known_version, absl::Time deadline,
                                    std::function<void()> wake) {
   absl::MutexLock lock(&mu_);

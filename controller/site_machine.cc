@@ -58,6 +58,7 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
     AnswerHeldRequests();
   }
   permission_dirty_ = false;
+  JournalStateChange();
   if (status_dirty_) {
     ++status_version_;
     out_.push_back(effect::StatusChanged{});
@@ -77,6 +78,21 @@ bool SiteMachine::Active() const {
 
 bool SiteMachine::IsTrainer(absl::string_view site) const {
   return job_ != nullptr && job_->IsTrainer(site);
+}
+
+void SiteMachine::JournalStateChange() {
+  const v1::SiteState state = record_.state;
+  const uint32_t round = StatusRound();
+  if (!state_changes_.empty() && state_changes_.back().state == state &&
+      state_changes_.back().round == round) {
+    return;
+  }
+  const uint64_t seq =
+      state_changes_.empty() ? 1 : state_changes_.back().seq + 1;
+  state_changes_.push_back(
+      StateChange{seq, state, round, now_, Counters(), metrics_});
+  if (state_changes_.size() > kStateChangesKept) state_changes_.pop_front();
+  status_dirty_ = true;
 }
 
 void SiteMachine::SetState(v1::SiteState state) {

@@ -42,6 +42,7 @@
 #include "controller/job_view.h"
 #include "controller/lineage.h"
 #include "controller/peer_message.h"
+#include "controller/state_change.h"
 #include "learner/learner.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
@@ -282,6 +283,10 @@ class SiteMachine {
                                           bool* already) const;
   v1::StatusReply Status() const;
   uint64_t status_version() const { return status_version_; }
+  // The journaled changes of state or round after the one numbered
+  // `after_seq`, oldest first: at most the last kStateChangesKept.
+  std::vector<StateChange> StateChangesAfter(uint64_t after_seq) const;
+  static constexpr size_t kStateChangesKept = 64;
   absl::StatusOr<FetchSource> ModelForFetch(
       const v1::FetchModelRequest& request) const;
   const JobView* job() const { return job_.get(); }
@@ -443,6 +448,10 @@ class SiteMachine {
   bool Active() const;
   bool IsTrainer(absl::string_view site) const;
   void SetState(v1::SiteState state);
+  // The round status shows: the last task's, else the job's first.
+  uint32_t StatusRound() const;
+  // Journals the state and round if either changed since the last entry.
+  void JournalStateChange();
   void ReportError(absl::string_view what, const absl::Status& status);
   void Fail(absl::string_view what, const absl::Status& status);
   void Changed() { status_dirty_ = true; }
@@ -592,6 +601,7 @@ class SiteMachine {
   std::string learner_waiting_;  // Learner::WaitingFor, as last reported.
   absl::Time last_error_time_ = absl::InfinitePast();
   uint64_t status_version_ = 0;
+  std::deque<StateChange> state_changes_;  // The last kStateChangesKept.
 
   std::map<CallId, Call> calls_;
   CallId next_call_ = 1;

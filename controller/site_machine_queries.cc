@@ -59,8 +59,7 @@ v1::StatusReply SiteMachine::Status() const {
   status->set_state(record_.state);
   status->mutable_role()->set_aggregator(record_.round_aggregator ==
                                          options_.site);
-  status->set_round(record_.last_task_round.value_or(
-      job_ != nullptr ? job_->first_round() : 0));
+  status->set_round(StatusRound());
   status->set_aggregator(record_.round_aggregator);
   *status->mutable_best() = record_.best;
   *status->mutable_counters() = Counters();
@@ -83,6 +82,20 @@ v1::StatusReply SiteMachine::Status() const {
   if (IsTerminal(record_.state)) status->set_end_reason(end_reason);
   reply.set_version(status_version_);
   return reply;
+}
+
+uint32_t SiteMachine::StatusRound() const {
+  return record_.last_task_round.value_or(job_ != nullptr ? job_->first_round()
+                                                          : 0);
+}
+
+std::vector<StateChange> SiteMachine::StateChangesAfter(
+    uint64_t after_seq) const {
+  std::vector<StateChange> changes;
+  for (const StateChange& change : state_changes_) {
+    if (change.seq > after_seq) changes.push_back(change);
+  }
+  return changes;
 }
 
 absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(

@@ -196,6 +196,33 @@ TEST_F(SiteMachineTest, TrainerTrainsAsksRetriesAndSubmits) {
   EXPECT_EQ(Status().counters().rounds_trained(), 1u);
 }
 
+// Every change of state or round is journaled with the step's time and the
+// counters and metrics after it, so a watcher that looks now and then still
+// sees each phase; a step that changes nothing journals nothing.
+TEST_F(SiteMachineTest, StateChangesAreJournaledWithTheirTimes) {
+  Make("b");
+  const std::vector<StateChange> before = machine_->StateChangesAfter(0);
+  ASSERT_FALSE(before.empty());
+  const uint64_t last = before.back().seq;
+  now_ = kT0 + absl::Seconds(1);
+  Deliver(LearnTask(0), Shared(1));
+  now_ = kT0 + absl::Seconds(3);
+  Trained();
+  now_ = kT0 + absl::Seconds(4);
+  Step(event::LearnerWaiting{"waiting for trainer"});  // Same state.
+  const std::vector<StateChange> changes = machine_->StateChangesAfter(last);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].seq, last + 1);
+  EXPECT_EQ(changes[0].state, v1::SITE_STATE_TRAINING);
+  EXPECT_EQ(changes[0].round, 0u);
+  EXPECT_EQ(changes[0].at, kT0 + absl::Seconds(1));
+  EXPECT_EQ(changes[0].counters.rounds_trained(), 0u);
+  EXPECT_EQ(changes[1].state, v1::SITE_STATE_WAITING_FOR_PERMISSION);
+  EXPECT_EQ(changes[1].at, kT0 + absl::Seconds(3));
+  EXPECT_EQ(changes[1].metrics.at("accuracy"), 0.5);
+  EXPECT_THAT(machine_->StateChangesAfter(changes[1].seq), IsEmpty());
+}
+
 TEST_F(SiteMachineTest, TrainerGivesUpAskingAfterMaxWait) {
   Make("b");
   Deliver(LearnTask(0), Shared(1));

@@ -27,6 +27,8 @@ ThreadPoolRunner::~ThreadPoolRunner() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    due_.SignalAll();
+    timer_.SignalAll();
   }
   for (std::thread& thread : threads_) thread.join();
 }
@@ -39,6 +41,34 @@ void ThreadPoolRunner::PostAt(absl::Time when, std::function<void()> task) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   queue_.Push(when, std::move(task));
+  if (when <= absl::Now()) {
+    // Due: an idle worker takes it, else the watcher does (a busy worker
+    // takes over the watch when it is done).
+    if (idle_ > wakes_) {
+      WakeIdle();
+    } else if (watching_) {
+      timer_.Signal();
+    }
+  } else {
+    WatchFor(when);
+  }
+}
+
+void ThreadPoolRunner::WatchFor(absl::Time when) {
+  if (!watching_) {
+    WakeIdle();  // It becomes the watcher.
+  } else if (when < watch_until_) {
+    timer_.Signal();  // The watcher sleeps until later: it looks again.
+  }
+}
+
+void ThreadPoolRunner::WakeIdle() {
+  // A worker signalled but not yet running counts as idle until it runs:
+  // signal only if some idle worker is not already woken.
+  if (idle_ > wakes_) {
+    ++wakes_;
+    due_.Signal();
+  }
 }
 
 void ThreadPoolRunner::Work() {
@@ -51,20 +81,33 @@ void ThreadPoolRunner::Work() {
         if (!queue_.empty()) {
           const absl::Time next = queue_.next_time();
           if (next <= absl::Now()) break;
-          // Wake at the next task's time, or when something is posted.
-          const size_t size = queue_.size();
-          auto changed = [this, size]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-            return stopping_ || queue_.size() != size;
-          };
-          mu_.AwaitWithDeadline(absl::Condition(&changed), next);
-        } else {
-          auto posted = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-            return stopping_ || !queue_.empty();
-          };
-          mu_.Await(absl::Condition(&posted));
+          if (!watching_) {
+            watching_ = true;
+            watch_until_ = next;
+            timer_.WaitWithDeadline(&mu_, next);
+            watching_ = false;
+            continue;
+          }
         }
+        ++idle_;
+        due_.Wait(&mu_);
+        --idle_;
+        // Woken by a signal, or spuriously (then it takes a signalled
+        // worker's place: the count of workers on their way stays right).
+        if (wakes_ > 0) --wakes_;
       }
       task = queue_.Pop();
+      // What is left needs a worker while this one runs `task`: one more
+      // due task, or a watcher for the next time (nobody watches, or the
+      // watcher sleeps past it: it was posted behind due tasks).
+      if (!queue_.empty()) {
+        const absl::Time next = queue_.next_time();
+        if (next <= absl::Now()) {
+          WakeIdle();
+        } else {
+          WatchFor(next);
+        }
+      }
     }
     task();
   }

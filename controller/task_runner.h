@@ -58,6 +58,12 @@ class TaskQueue {
 
 // Worker threads and a real clock. Destruction runs no further tasks and
 // joins the workers (tasks already running finish).
+//
+// A post wakes at most one worker: an idle one when the task is due, or the
+// one worker that watches the earliest future task's time when the new task
+// comes before it. The other idle workers sleep on; a daemon posts several
+// tasks a round per peer, and waking every idle worker for each was most of
+// its context switches.
 class ThreadPoolRunner final : public TaskRunner {
  public:
   explicit ThreadPoolRunner(int num_threads);
@@ -72,9 +78,23 @@ class ThreadPoolRunner final : public TaskRunner {
  private:
   void Work();
 
+  // REQUIRES: mu_ held. Wakes one idle worker, if any, for a due task.
+  void WakeIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: mu_ held. Makes sure a worker will wake by `when`: recruits a
+  // watcher, or wakes the one that sleeps past it.
+  void WatchFor(absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   TaskQueue queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Idle workers with no time to watch wait on `due_`; the one worker that
+  // waits for the earliest future task's time (`watching_`) on `timer_`.
+  absl::CondVar due_;
+  absl::CondVar timer_;
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;   // Waiting on `due_`.
+  int wakes_ ABSL_GUARDED_BY(mu_) = 0;  // Signals to `due_` not yet taken.
+  bool watching_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time watch_until_ ABSL_GUARDED_BY(mu_);  // While watching_.
   std::vector<std::thread> threads_;
 };
 

@@ -69,7 +69,8 @@ build_and_test() {
 # there: Debian's gRPC and Abseil are not built with TSan, so it reports
 # races inside them that it cannot see the synchronization of.
 TSAN_TARGETS="fedavg_test coordinate_aggregator_test aggregator_test \
-  simulation_test trainer_link_test metrics_test site_metrics_test report_test"
+  simulation_test trainer_link_test metrics_test site_metrics_test report_test \
+  task_runner_test"
 
 build_and_test release "" "" -DCMAKE_BUILD_TYPE=Release
 if [ "$QUICK" -eq 0 ]; then
