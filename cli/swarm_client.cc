@@ -316,7 +316,8 @@ class Observability {
             job_ = reply.status().job_id();
             SetLogJob(job_);
           }
-          metrics_->Observe(reply, now);
+          // Nobody can read the site's metrics unless they are served.
+          if (endpoint_ != nullptr) metrics_->Observe(reply, now);
           recorder_.Observe(
               reply, now,
               report::Traffic{

@@ -12,8 +12,10 @@
 // Counter growth between two statuses is credited to the round of the
 // earlier one when the round changed in between (e.g. rounds_completed grows
 // as the aggregator closes round r and moves on to r+1). Phase times are as
-// precise as the watcher's view: states it did not see are counted in the
-// one seen before them. Thread-safe.
+// precise as the statuses handed in: the daemon's watcher replays the site's
+// journal of state changes with their times, so it misses none; a caller
+// that skips states has their time counted in the one seen before them.
+// Thread-safe.
 #ifndef SWARM_REPORT_ROUND_RECORDER_H_
 #define SWARM_REPORT_ROUND_RECORDER_H_
 
