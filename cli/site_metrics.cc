@@ -348,17 +348,21 @@ void StatusWatcher::Start() {
 }
 
 void StatusWatcher::Stop() {
-  if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
   if (thread_.joinable()) thread_.join();
 }
 
 void StatusWatcher::Loop() {
-  while (!stop_.HasBeenNotified()) {
+  while (true) {
     uint64_t known_version = ~uint64_t{0};  // The first look returns at once.
     uint64_t after_change = 0;
     absl::Time deadline = absl::Now();
     {
       absl::MutexLock lock(&mu_);
+      if (stopping_) return;
       if (last_.has_value()) {
         known_version = last_->version();
         deadline += poll_;
@@ -372,7 +376,9 @@ void StatusWatcher::Loop() {
       Deliver(watched, absl::Now());
     }
     // Changes until the next look wait in the journal, with their times.
-    stop_.WaitForNotificationWithTimeout(min_interval_);
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&stopping_),
+                          absl::Now() + min_interval_);
   }
 }
 

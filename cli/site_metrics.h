@@ -167,7 +167,7 @@ class StatusWatcher {
   std::optional<v1::StatusReply> last_ ABSL_GUARDED_BY(mu_);
   absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t last_change_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Notification stop_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

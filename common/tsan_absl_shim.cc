@@ -10,8 +10,8 @@
 // annotations and forwarded to the library (found with dlsym(RTLD_NEXT)):
 // (This file is compiled into swarm_common only in ThreadSanitizer builds,
 // so every binary that uses Abseil's Mutex gets it.)
-// Lock/Unlock/TryLock as such, and Await[WithDeadline] as an unlock before
-// the wait and a lock after it (the library releases the mutex while
+// Lock/Unlock/TryLock as such, and Await[WithDeadline] and CondVar's waits
+// as an unlock before the wait and a lock after it (the library releases the mutex while
 // waiting; conditions it evaluates meanwhile are inside the annotated
 // region, where TSan ignores accesses, as in an instrumented Abseil).
 #include <dlfcn.h>
@@ -78,6 +78,51 @@ bool Mutex::AwaitWithDeadline(const Condition& condition, Time deadline) {
   __tsan_mutex_pre_lock(this, 0);
   __tsan_mutex_post_lock(this, 0, 0);
   return met;
+}
+
+// LockWhen[WithDeadline] (Notification's waits use them): a lock once they
+// return (the timed form holds the mutex whether or not the condition became
+// true). The *WithTimeout forms are not wrapped: the library forwards them
+// to the *WithDeadline ones through the PLT, so they reach the wrappers.
+void Mutex::LockWhen(const Condition& condition) {
+  static const auto real = RealAbsl<void (*)(Mutex*, const Condition&)>(
+      "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
+  __tsan_mutex_pre_lock(this, 0);
+  real(this, condition);
+  __tsan_mutex_post_lock(this, 0, 0);
+}
+
+bool Mutex::LockWhenWithDeadline(const Condition& condition, Time deadline) {
+  static const auto real = RealAbsl<bool (*)(Mutex*, const Condition&, Time)>(
+      "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_"
+      "4TimeE");
+  __tsan_mutex_pre_lock(this, 0);
+  const bool met = real(this, condition, deadline);
+  __tsan_mutex_post_lock(this, 0, 0);
+  return met;
+}
+
+// CondVar waits release `mu` inside the library and take it again before
+// they return: annotated like Await.
+void CondVar::Wait(Mutex* mu) {
+  static const auto real = RealAbsl<void (*)(CondVar*, Mutex*)>(
+      "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
+  __tsan_mutex_pre_unlock(mu, 0);
+  real(this, mu);
+  __tsan_mutex_post_unlock(mu, 0);
+  __tsan_mutex_pre_lock(mu, 0);
+  __tsan_mutex_post_lock(mu, 0, 0);
+}
+
+bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
+  static const auto real = RealAbsl<bool (*)(CondVar*, Mutex*, Time)>(
+      "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  __tsan_mutex_pre_unlock(mu, 0);
+  const bool timed_out = real(this, mu, deadline);
+  __tsan_mutex_post_unlock(mu, 0);
+  __tsan_mutex_pre_lock(mu, 0);
+  __tsan_mutex_post_lock(mu, 0, 0);
+  return timed_out;
 }
 
 }  // namespace absl

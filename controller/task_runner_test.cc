@@ -6,13 +6,38 @@
 #include <atomic>
 #include <vector>
 
-#include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace swarm {
 namespace {
+
+// A count to wait for, with a bound. (Not Latch or
+// BlockingCounter: their waits run inside Debian's uninstrumented Abseil,
+// where ThreadSanitizer cannot follow them; Mutex::AwaitWithDeadline is
+// annotated, see common/tsan_absl_shim.cc.)
+class Latch {
+ public:
+  explicit Latch(int count = 1) : count_(count) {}
+  void CountDown() {
+    absl::MutexLock lock(&mu_);
+    --count_;
+  }
+  bool WaitFor(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return count_ <= 0;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&done),
+                                 absl::Now() + timeout);
+  }
+  void Wait() { WaitFor(absl::InfiniteDuration()); }
+
+ private:
+  absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_);
+};
 
 // Generous for a loaded 2-core machine under sanitizers; the faults this
 // catches (a lost wake) leave the task unrun for good, or until the next
@@ -21,13 +46,13 @@ constexpr absl::Duration kSlack = absl::Seconds(5);
 
 TEST(ThreadPoolRunnerTest, RunsEveryPostedTask) {
   std::atomic<int> ran{0};
-  absl::BlockingCounter done(1000);
+  Latch done(1000);
   {
     ThreadPoolRunner runner(4);
     for (int i = 0; i < 1000; ++i) {
       runner.Post([&] {
         ran.fetch_add(1);
-        done.DecrementCount();
+        done.CountDown();
       });
     }
     done.Wait();
@@ -40,17 +65,17 @@ TEST(ThreadPoolRunnerTest, RunsEveryPostedTask) {
 TEST(ThreadPoolRunnerTest, DueTasksRunInParallel) {
   ThreadPoolRunner runner(3);
   for (int trial = 0; trial < 50; ++trial) {
-    absl::Notification a_started, b_started, both;
-    absl::BlockingCounter finished(2);
+    Latch a_started, b_started;
+    Latch finished(2);
     runner.Post([&] {
-      a_started.Notify();
-      EXPECT_TRUE(b_started.WaitForNotificationWithTimeout(kSlack));
-      finished.DecrementCount();
+      a_started.CountDown();
+      EXPECT_TRUE(b_started.WaitFor(kSlack));
+      finished.CountDown();
     });
     runner.Post([&] {
-      b_started.Notify();
-      EXPECT_TRUE(a_started.WaitForNotificationWithTimeout(kSlack));
-      finished.DecrementCount();
+      b_started.CountDown();
+      EXPECT_TRUE(a_started.WaitFor(kSlack));
+      finished.CountDown();
     });
     finished.Wait();
   }
@@ -59,14 +84,14 @@ TEST(ThreadPoolRunnerTest, DueTasksRunInParallel) {
 TEST(ThreadPoolRunnerTest, TimedTaskRunsAtItsTimeNotBefore) {
   ThreadPoolRunner runner(2);
   const absl::Time when = absl::Now() + absl::Milliseconds(200);
-  absl::Notification ran;
+  Latch ran;
   absl::Time ran_at;
   runner.PostAt(when, [&] {
     ran_at = absl::Now();
-    ran.Notify();
+    ran.CountDown();
   });
   ASSERT_TRUE(
-      ran.WaitForNotificationWithTimeout(absl::Milliseconds(200) + kSlack));
+      ran.WaitFor(absl::Milliseconds(200) + kSlack));
   EXPECT_GE(ran_at, when);
 }
 
@@ -76,10 +101,10 @@ TEST(ThreadPoolRunnerTest, EarlierTimedTaskIsNotHeldBehindALaterOne) {
   ThreadPoolRunner runner(2);
   runner.PostAfter(absl::Hours(1), [] {});
   absl::SleepFor(absl::Milliseconds(20));  // The watcher is asleep.
-  absl::Notification ran;
+  Latch ran;
   const absl::Time posted = absl::Now();
-  runner.PostAfter(absl::Milliseconds(50), [&] { ran.Notify(); });
-  ASSERT_TRUE(ran.WaitForNotificationWithTimeout(kSlack));
+  runner.PostAfter(absl::Milliseconds(50), [&] { ran.CountDown(); });
+  ASSERT_TRUE(ran.WaitFor(kSlack));
   EXPECT_LT(absl::Now() - posted, absl::Seconds(2));
 }
 
@@ -93,15 +118,15 @@ TEST(ThreadPoolRunnerTest, TimedTaskPostedBehindADueOneIsNotHeld) {
   runner.PostAfter(absl::Hours(1), [] {});
   absl::SleepFor(absl::Milliseconds(20));  // One worker watches it.
   for (int trial = 0; trial < 20; ++trial) {
-    absl::Notification ran;
+    Latch ran;
     const absl::Time posted = absl::Now();
     // From a task, as the controller posts: a due task, then a timed one
     // while the due one is still queued.
     runner.Post([&] {
       runner.Post([] {});
-      runner.PostAfter(absl::Milliseconds(5), [&] { ran.Notify(); });
+      runner.PostAfter(absl::Milliseconds(5), [&] { ran.CountDown(); });
     });
-    ASSERT_TRUE(ran.WaitForNotificationWithTimeout(kSlack)) << trial;
+    ASSERT_TRUE(ran.WaitFor(kSlack)) << trial;
     EXPECT_LT(absl::Now() - posted, absl::Seconds(2)) << trial;
   }
 }
@@ -110,25 +135,25 @@ TEST(ThreadPoolRunnerTest, TimedTaskPostedBehindADueOneIsNotHeld) {
 // that watched the time is busy with a long task.
 TEST(ThreadPoolRunnerTest, TimersFireWhileWorkersAreBusy) {
   ThreadPoolRunner runner(2);
-  absl::Notification release;
+  Latch release;
   // Occupies one worker for the whole test.
-  runner.Post([&] { release.WaitForNotification(); });
+  runner.Post([&] { release.Wait(); });
   std::atomic<int> fired{0};
-  absl::BlockingCounter timers(20);
+  Latch timers(20);
   for (int i = 0; i < 20; ++i) {
     runner.PostAfter(absl::Milliseconds(10 * i), [&] {
       fired.fetch_add(1);
-      timers.DecrementCount();
+      timers.CountDown();
     });
     runner.Post([] {});
   }
-  absl::Notification all;
+  Latch all;
   std::thread waiter([&] {
     timers.Wait();
-    all.Notify();
+    all.CountDown();
   });
-  const bool in_time = all.WaitForNotificationWithTimeout(kSlack);
-  release.Notify();
+  const bool in_time = all.WaitFor(kSlack);
+  release.CountDown();
   if (!in_time) timers.Wait();  // Let the waiter finish before failing.
   waiter.join();
   EXPECT_TRUE(in_time) << "fired " << fired.load() << " of 20";
@@ -140,7 +165,7 @@ TEST(ThreadPoolRunnerTest, ConcurrentPostsOfMixedTimesAllRun) {
   constexpr int kThreads = 4;
   constexpr int kEach = 300;
   std::atomic<int> ran{0};
-  absl::BlockingCounter done(kThreads * kEach * 2);
+  Latch done(kThreads * kEach * 2);
   ThreadPoolRunner runner(3);
   std::vector<std::thread> posters;
   for (int t = 0; t < kThreads; ++t) {
@@ -148,10 +173,10 @@ TEST(ThreadPoolRunnerTest, ConcurrentPostsOfMixedTimesAllRun) {
       for (int i = 0; i < kEach; ++i) {
         runner.PostAfter(absl::Microseconds((i * 37 + t * 11) % 3000), [&] {
           ran.fetch_add(1);
-          done.DecrementCount();
+          done.CountDown();
           runner.Post([&] {
             ran.fetch_add(1);
-            done.DecrementCount();
+            done.CountDown();
           });
         });
       }
