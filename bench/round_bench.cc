@@ -7,11 +7,17 @@
 //
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
+//               [--model-size 1KiB]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
 // runs a scraper thread that GETs every site's /metrics HZ times per second
 // while the job runs (issue 15: a scrape must not slow the round); it
 // prints the scrapes made, failed and their mean time.
+//
+// --model-size sets the test learner's model (one F32 tensor; default
+// 1 KiB); each size then also prints every daemon's peak resident memory
+// (VmHWM, read before the daemons stop) and the most any one held divided by
+// the model size, `peak_rss_over_model` (issue 13's memory budget).
 //
 // --client defaults to ../cli/swarm-client next to this binary (the build
 // tree's layout). The job: the test learner with a 1 KiB model (256 F32) and
@@ -73,6 +79,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/byte_size.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
@@ -98,6 +105,8 @@ struct Options {
   bool insecure = false;
   // Scrapes of every site's /metrics per second during the job (0: none).
   double scrape_hz = 0;
+  // The test learner's model: one F32 tensor of this many bytes.
+  uint64_t model_bytes = 1024;
 };
 
 struct Daemon {
@@ -319,6 +328,23 @@ int ThreadCount(pid_t pid) {
   return 0;
 }
 
+// The peak resident memory of process `pid` so far (VmHWM), in bytes (0 if
+// it is gone).
+uint64_t PeakRssBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    uint64_t kib = 0;
+    if (absl::StartsWith(line, "VmHWM:") &&
+        absl::SimpleAtoi(absl::StripSuffix(
+                             absl::StripAsciiWhitespace(line.substr(6)), " kB"),
+                         &kib)) {
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
 // Samples every daemon's thread count every 10 ms on its own thread while
 // alive, keeping the most any one had (a held request or stream that parks
 // a thread shows here).
@@ -390,6 +416,8 @@ struct SizeResult {
   double cpu_ms = 0;
   // The most threads one daemon had at once during the job (sampled).
   int max_threads = 0;
+  // Each daemon's peak resident memory (VmHWM) at the end of the job.
+  std::vector<uint64_t> peak_rss;
   // With --scrape-hz: GETs of /metrics made, failed, their mean time.
   int scrapes = 0;
   int scrape_failures = 0;
@@ -499,7 +527,8 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     site.set_listen_address("127.0.0.1:0");
     site.set_workspace(absl::StrCat(dir, "/", daemon.name));
     site.mutable_learner()->set_kind("test");
-    (*site.mutable_learner()->mutable_params())["size"] = "256";
+    (*site.mutable_learner()->mutable_params())["size"] =
+        absl::StrCat(options.model_bytes / 4);
     if (!options.insecure) {
       site.set_tls_dir(absl::StrCat(pki, "/sites/", daemon.name));
     }
@@ -624,6 +653,9 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
                        " scrapes failed, the first: ", scraper.first_error()));
     }
   }
+  for (const Daemon& daemon : daemons) {
+    if (daemon.pid > 0) result.peak_rss.push_back(PeakRssBytes(daemon.pid));
+  }
   Stop(daemons);
   if (status.ok()) {
     absl::StatusOr<std::vector<double>> times =
@@ -691,6 +723,15 @@ int Run(int argc, char** argv) {
       }
     } else if (arg == "--keep") {
       options.keep = true;
+    } else if (arg == "--model-size") {
+      absl::StatusOr<uint64_t> bytes = bench::ParseBytes(value());
+      if (!bytes.ok() || *bytes < 4 || *bytes % 4 != 0) {
+        std::fprintf(stderr,
+                     "round_bench: bad --model-size (a multiple of 4 bytes, "
+                     "e.g. 64MiB)\n");
+        return 2;
+      }
+      options.model_bytes = *bytes;
     } else if (arg == "--insecure") {
       options.insecure = true;
     } else if (arg == "--scrape-hz") {
@@ -714,9 +755,10 @@ int Run(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   std::printf(
-      "round_bench: swarm-client %s, 1 KiB model, test learner, %d "
-      "rounds per job, %s\n",
-      options.client.c_str(), options.rounds,
+      "round_bench: swarm-client %s, %s model (one F32 tensor), test "
+      "learner, %d rounds per job, %s\n",
+      options.client.c_str(), bench::HumanBytes(options.model_bytes).c_str(),
+      options.rounds,
       options.insecure ? "plaintext (--insecure)" : "mTLS");
   std::fflush(stdout);
   std::map<int, double> medians;
@@ -739,6 +781,17 @@ int Run(int argc, char** argv) {
         *std::max_element(result->round_ms.begin(), result->round_ms.end()),
         result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
         LoadAverage().c_str());
+    if (!result->peak_rss.empty()) {
+      const uint64_t most =
+          *std::max_element(result->peak_rss.begin(), result->peak_rss.end());
+      std::vector<double> mib;
+      for (uint64_t bytes : result->peak_rss) mib.push_back(bytes / 1048576.0);
+      std::printf(
+          "sites=%d peak_rss_mib max=%.1f median=%.1f "
+          "peak_rss_over_model=%.2f (the most any daemon held / model bytes)\n",
+          sites, most / 1048576.0, Median(mib),
+          static_cast<double>(most) / static_cast<double>(options.model_bytes));
+    }
     if (options.scrape_hz > 0) {
       std::printf(
           "scrape_hz=%g scrapes=%d failed=%d mean_scrape_ms=%.2f (every "
