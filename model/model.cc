@@ -136,6 +136,7 @@ class StoragePool {
   bool Give(char* block, uint64_t mapped_size) {
     absl::MutexLock lock(&mu_);
     if (idle_bytes_ + mapped_size > limit_) return false;
+    if (idle_.count(mapped_size) >= kIdlePerSize) return false;
     idle_.emplace(mapped_size, block);
     idle_bytes_ += mapped_size;
     return true;
@@ -160,6 +161,11 @@ class StoragePool {
   }
 
  private:
+  // One idle block per size: the next model of that size (a site receives
+  // one per round) takes it, and the pool holds at most about one model of
+  // each size the job uses, not a share of the RAM (issue 13's budget).
+  static constexpr size_t kIdlePerSize = 1;
+
   absl::Mutex mu_;
   std::multimap<uint64_t, char*> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -56,9 +56,9 @@ class ModelStorage {
 // Anonymous memory (mmap), with transparent huge pages requested for large
 // blocks. Not copyable.
 //
-// Freed blocks of at least kMinRecycledBytes go to a process-wide pool (up to
-// SetHeapStorageRecycleLimit bytes idle) and are handed out again for the
-// same rounded size: a site receives a model of the same size every round,
+// Freed blocks of at least kMinRecycledBytes go to a process-wide pool (one
+// idle block per rounded size, and at most SetHeapStorageRecycleLimit bytes
+// idle in all) and are handed out again for the same rounded size: a site receives a model of the same size every round,
 // and fresh memory costs a page fault and a page clear per 2 MiB / 4 KiB,
 // which at loopback speeds is a large share of a transfer.
 class HeapStorage final : public ModelStorage {

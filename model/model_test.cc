@@ -42,6 +42,12 @@ TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
   Model again = *Model::Create(specs);
   EXPECT_EQ(again.tensor_data(0).data(), first);  // the same block, reused
   for (char c : again.tensor_data(0).substr(0, 1000)) ASSERT_EQ(c, 0);
+  // One idle block per size: a second freed block of that size is unmapped.
+  {
+    Model a = *Model::Create(specs);
+    Model b = *Model::Create(specs);
+  }
+  EXPECT_EQ(HeapStorageRecycledBytes(), 12u << 20);
   SetHeapStorageRecycleLimit(0);
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
   { Model dropped = *Model::Create(specs); }
