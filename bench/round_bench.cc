@@ -313,36 +313,33 @@ double TotalCpuMillis(const std::vector<Daemon>& daemons) {
   return total;
 }
 
-// The threads of process `pid` now (0 if it is gone).
-int ThreadCount(pid_t pid) {
+// The number in field `field` ("Threads:", "VmHWM:") of /proc/PID/status
+// (a " kB" unit dropped), or 0 if the process is gone.
+uint64_t ProcStatusNumber(pid_t pid, absl::string_view field) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    int threads = 0;
-    if (absl::StartsWith(line, "Threads:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)),
-                         &threads)) {
-      return threads;
+    uint64_t value = 0;
+    if (absl::StartsWith(line, field) &&
+        absl::SimpleAtoi(
+            absl::StripSuffix(
+                absl::StripAsciiWhitespace(line.substr(field.size())), " kB"),
+            &value)) {
+      return value;
     }
   }
   return 0;
 }
 
+// The threads of process `pid` now (0 if it is gone).
+int ThreadCount(pid_t pid) {
+  return static_cast<int>(ProcStatusNumber(pid, "Threads:"));
+}
+
 // The peak resident memory of process `pid` so far (VmHWM), in bytes (0 if
 // it is gone).
 uint64_t PeakRssBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    uint64_t kib = 0;
-    if (absl::StartsWith(line, "VmHWM:") &&
-        absl::SimpleAtoi(absl::StripSuffix(
-                             absl::StripAsciiWhitespace(line.substr(6)), " kB"),
-                         &kib)) {
-      return kib * 1024;
-    }
-  }
-  return 0;
+  return ProcStatusNumber(pid, "VmHWM:") * 1024;
 }
 
 // Samples every daemon's thread count every 10 ms on its own thread while
