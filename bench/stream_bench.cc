@@ -15,9 +15,13 @@
 // gRPC runs. Ratios divide by the higher of the two medians; a note says
 // when they differ by more than 15%.
 //
+// The model is eight F32 tensors sharing --size; with --one-tensor it is a
+// single F32 tensor of --size bytes (rounded down to whole elements), which
+// exercises one tensor past 2 GiB / 4 GiB end to end.
+//
 //   stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3]
 //                [--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256]
-//                [--tls] [--same-process]
+//                [--tls] [--same-process] [--one-tensor]
 // Each figure is the median of --repeat runs after one cold run.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -51,9 +55,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
-#include "security/certificates.h"
-#include "rpc/tls.h"
 #include "rpc/grpc_stream.h"
+#include "rpc/tls.h"
+#include "security/certificates.h"
 
 namespace swarm {
 namespace {
@@ -70,6 +74,8 @@ struct Options {
   bool tls = false;
   // Run the receiving server in this process instead of a child process.
   bool same_process = false;
+  // The whole --size as one F32 tensor instead of eight.
+  bool one_tensor = false;
 };
 
 absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
@@ -147,11 +153,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       options.tls = true;
     } else if (arg == "--same-process") {
       options.same_process = true;
+    } else if (arg == "--one-tensor") {
+      options.one_tensor = true;
     } else if (arg == "--help" || arg == "-h") {
       std::printf(
           "stream_bench [--size 1GiB] [--chunk 1MiB] [--repeat 3] "
           "[--sinks memory,disk] [--dir /tmp] [--digest xxh3|sha256] "
-          "[--tls] [--same-process]\n");
+          "[--tls] [--same-process] [--one-tensor]\n");
       std::exit(0);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
@@ -493,13 +501,16 @@ std::unique_ptr<grpc::Server> StartServer(BenchPeer* peer,
   _exit(0);
 }
 
-std::shared_ptr<const Model> MakeModel(uint64_t size) {
-  // Eight F32 tensors; xorshift contents so the digest sees real data.
+std::shared_ptr<const Model> MakeModel(uint64_t size, bool one_tensor) {
+  // Eight F32 tensors (or one); xorshift contents so the digest sees real
+  // data.
   const uint64_t elements = size / 4;
+  const int tensors = one_tensor ? 1 : 8;
   std::vector<TensorSpec> specs;
   uint64_t left = elements;
-  for (int i = 0; i < 8 && left > 0; ++i) {
-    const uint64_t n = i == 7 ? left : std::min(left, elements / 8);
+  for (int i = 0; i < tensors && left > 0; ++i) {
+    const uint64_t n =
+        i == tensors - 1 ? left : std::min(left, elements / tensors);
     specs.push_back(*MakeTensorSpec(absl::StrCat("layer", i, ".weight"),
                                     v1::DTYPE_F32, {n}));
     left -= n;
@@ -680,15 +691,18 @@ int Run(const Options& options) {
 
   TuneMallocForModelStreams();
   std::printf(
-      "stream_bench: %.1f MiB model, %.0f KiB chunks, %s digest, %s, "
+      "stream_bench: %.1f MiB model in %s, %.0f KiB chunks, %s digest, %s, "
       "receiver in %s, median of %d\n",
-      options.size / 1048576.0, options.chunk / 1024.0,
+      options.size / 1048576.0,
+      options.one_tensor ? "one tensor" : "eight tensors",
+      options.chunk / 1024.0,
       options.digest == v1::DIGEST_SHA256 ? "sha256" : "xxh3-128",
       options.tls ? "mTLS" : "plaintext",
       options.same_process ? "this process" : "a child process",
       options.repeat);
   std::fflush(stdout);
-  std::shared_ptr<const Model> model = MakeModel(options.size);
+  std::shared_ptr<const Model> model =
+      MakeModel(options.size, options.one_tensor);
 
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials =
       tls.has_value() ? security::ClientCredentials(

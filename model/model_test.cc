@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -7,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "model/test_models.h"
+#include "persist/safetensors.h"
 
 namespace swarm {
 namespace {
@@ -83,6 +85,46 @@ TEST(ModelTest, SafetensorsRoundTripIsBitIdentical) {
   ASSERT_TRUE(copy.ok());
   EXPECT_TRUE(copy->writable());
   EXPECT_TRUE(testing_models::BitIdentical(model, *copy));
+  std::filesystem::remove(path);
+}
+
+// A sparse safetensors file: a small tensor, one of 5 GiB, and one that
+// starts past 5 GiB. Only the marked pages are ever read.
+TEST(ModelTest, LoadsSafetensorsWithATensorPastFourGiB) {
+  constexpr uint64_t kBig = 5ull << 30;
+  absl::StatusOr<persist::SafetensorsLayout> layout =
+      persist::MakeSafetensorsLayout({{"head", v1::DTYPE_U8, {8}},
+                                      {"big", v1::DTYPE_F32, {kBig / 4}},
+                                      {"tail", v1::DTYPE_U8, {4}}},
+                                     {{"round", "1"}});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<std::string> prefix =
+      persist::EncodeSafetensorsPrefix(*layout);
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  const uint64_t data = prefix->size();
+  const std::string path = TempPath("big.safetensors");
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(data + layout->data_size)), 0);
+  ASSERT_EQ(pwrite(fd, prefix->data(), prefix->size(), 0),
+            static_cast<ssize_t>(prefix->size()));
+  ASSERT_EQ(pwrite(fd, "headhead", 8, static_cast<off_t>(data)), 8);
+  ASSERT_EQ(pwrite(fd, "LAST", 4, static_cast<off_t>(data + 8 + kBig - 4)), 4);
+  ASSERT_EQ(pwrite(fd, "tail", 4, static_cast<off_t>(data + 8 + kBig)), 4);
+  close(fd);
+
+  absl::StatusOr<Model> model = Model::LoadSafetensors(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->num_tensors(), 3u);
+  EXPECT_EQ(model->total_bytes(), 8 + kBig + 4);
+  EXPECT_EQ(model->spec(1).byte_size, kBig);
+  EXPECT_EQ(model->tensor_data(0), "headhead");
+  EXPECT_EQ(model->tensor_data(1).size(), kBig);
+  EXPECT_EQ(model->tensor_data(1).data(), model->tensor_data(0).data() + 8);
+  EXPECT_EQ(model->tensor_data(1).substr(kBig - 4), "LAST");
+  EXPECT_EQ(model->tensor_data(2), "tail");
+  EXPECT_EQ(model->metadata().at("round"), "1");
   std::filesystem::remove(path);
 }
 

@@ -1,5 +1,7 @@
 #include "persist/file_util.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -70,6 +72,23 @@ TEST(FileUtilTest, ErrnoErrorMapsCodes) {
             absl::StatusCode::kNotFound);
   EXPECT_THAT(ErrnoError(EACCES, "cannot open", "/x/y").message(),
               HasSubstr("cannot open /x/y: "));
+}
+
+// Linux moves at most 0x7ffff000 bytes per write(2): a larger buffer takes
+// several calls. /dev/null never reads the (untouched, unbacked) buffer.
+TEST(FileUtilTest, WriteFullyTakesSeveralCallsPastTwoGiB) {
+  constexpr size_t kBytes = (3ull << 30) + 5;
+  void* mapped = mmap(nullptr, kBytes, PROT_READ,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  absl::Status status = WriteFully(
+      fd, absl::string_view(static_cast<const char*>(mapped), kBytes),
+      "/dev/null");
+  EXPECT_TRUE(status.ok()) << status;
+  close(fd);
+  munmap(mapped, kBytes);
 }
 
 }  // namespace

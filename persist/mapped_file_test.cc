@@ -1,5 +1,6 @@
 #include "persist/mapped_file.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -232,6 +233,27 @@ TEST(WritableMappedFileTest, DiskFullIsResourceExhaustedNamingPathAndSize) {
         std::string::npos)
         << "leftover " << name;
   }
+}
+
+TEST(MappedFileTest, MapsASparseFilePastFourGiB) {
+  constexpr uint64_t kSize = (5ull << 30) + 3;
+  constexpr uint64_t kMarkAt = (4ull << 30) + 12;
+  ScopedTempDir dir;
+  const std::string path = dir.Child("sparse.bin");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kSize)), 0);
+  ASSERT_EQ(pwrite(fd, "high", 4, static_cast<off_t>(kMarkAt)), 4);
+  ASSERT_EQ(pwrite(fd, "end", 3, static_cast<off_t>(kSize - 3)), 3);
+  close(fd);
+  absl::StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->size(), kSize);
+  EXPECT_EQ((*file)->data().size(), kSize);
+  EXPECT_EQ((*file)->data().substr(kMarkAt, 4), "high");
+  EXPECT_EQ((*file)->data().substr(kMarkAt - (4ull << 30), 4),
+            std::string(4, '\0'));
+  EXPECT_EQ((*file)->data().substr(kSize - 3), "end");
 }
 
 }  // namespace

@@ -553,5 +553,32 @@ TEST(SafetensorsWriteTest, PrefixIsPaddedWithSpaces) {
   }
 }
 
+TEST(SafetensorsTest, OffsetsPastFourGiBRoundTripThroughTheHeader) {
+  constexpr uint64_t kBig = 5ull << 30;
+  absl::StatusOr<SafetensorsLayout> layout =
+      MakeSafetensorsLayout({{"head", v1::DTYPE_U8, {16}},
+                             {"big", v1::DTYPE_F32, {kBig / 4}},
+                             {"tail", v1::DTYPE_U8, {8}}},
+                            {});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->data_size, 16 + kBig + 8);
+  absl::StatusOr<std::string> prefix = EncodeSafetensorsPrefix(*layout);
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  EXPECT_THAT(*prefix, HasSubstr("[16,5368709136]"));
+  absl::StatusOr<SafetensorsLayout> parsed =
+      ParseSafetensorsHeader(prefix->substr(8), layout->data_size);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->tensors.size(), 3u);
+  EXPECT_EQ(parsed->tensors[1].name, "big");
+  EXPECT_EQ(parsed->tensors[1].begin, 16u);
+  EXPECT_EQ(parsed->tensors[1].end, 16 + kBig);
+  EXPECT_THAT(parsed->tensors[1].shape, ElementsAre(kBig / 4));
+  EXPECT_EQ(parsed->tensors[2].begin, 16 + kBig);
+  EXPECT_EQ(parsed->tensors[2].end, 16 + kBig + 8);
+  // One byte short of the data section is a truncation, not a wrap-around.
+  EXPECT_FALSE(
+      ParseSafetensorsHeader(prefix->substr(8), layout->data_size - 1).ok());
+}
+
 }  // namespace
 }  // namespace swarm::persist

@@ -256,6 +256,55 @@ TEST(FeedFrameTest, NonCanonicalChunkEncodingTakesTheParsingPath) {
   EXPECT_TRUE(BitIdentical(*model, *out));
 }
 
+// Where the assembler writes, without holding the bytes.
+class RangeRecordingSink final : public TensorSink {
+ public:
+  absl::Status Begin(const v1::ModelHeader&,
+                     const std::vector<TensorSpec>&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<char*> WritableRange(uint32_t index, uint64_t offset,
+                                      uint64_t size) override {
+    offsets.push_back(offset);
+    scratch.assign(size, '\0');
+    return scratch.data();
+  }
+  absl::Status CommitRange(uint32_t, uint64_t, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Model> Finish() override {
+    return absl::UnimplementedError("the recording sink holds no model");
+  }
+  void Abort() override {}
+
+  std::vector<uint64_t> offsets;
+  std::string scratch;
+};
+
+TEST(FeedFrameTest, ChunkOffsetPastFourGiBSurvivesTheSingleCopyPath) {
+  constexpr uint64_t kTensorBytes = 5ull << 30;
+  v1::ModelHeader header;
+  *header.add_tensors() = TensorSpecToInfo(
+      *MakeTensorSpec("big", v1::DTYPE_F32, {kTensorBytes / 4}));
+  header.set_total_bytes(kTensorBytes);
+  RangeRecordingSink sink;
+  Assembler assembler(&sink, AssemblerOptions());
+  grpc::ByteBuffer header_frame = EncodeHeaderFrame(header);
+  ASSERT_TRUE(FeedFrame(&header_frame, &assembler).ok());
+  auto data = std::make_shared<std::string>(4096, 'z');
+  for (uint64_t offset :
+       std::vector<uint64_t>{kTensorBytes - 4096, 0, 1ull << 32}) {
+    ChunkRef chunk;
+    chunk.offset = offset;
+    chunk.data = *data;
+    grpc::ByteBuffer frame = EncodeChunkFrame(chunk, data);
+    ASSERT_TRUE(FeedFrame(&frame, &assembler).ok()) << offset;
+    EXPECT_EQ(sink.scratch, *data);
+  }
+  EXPECT_EQ(sink.offsets,
+            (std::vector<uint64_t>{kTensorBytes - 4096, 0, 1ull << 32}));
+}
+
 TEST(FeedFrameTest, GarbageIsRefused) {
   MemorySink sink;
   Assembler assembler(&sink, AssemblerOptions());

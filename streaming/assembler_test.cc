@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
-#include "streaming/chunker.h"
 #include "model/test_models.h"
+#include "streaming/chunker.h"
 
 namespace swarm {
 namespace {
@@ -369,6 +369,84 @@ TEST_F(DiskSinkTest, WritesSafetensorsAndMapsItBack) {
   EXPECT_TRUE(BitIdentical(*model, *reread));
   EXPECT_EQ(reread->metadata().at("sender"), "site-a");
   EXPECT_EQ(FilesInDir(), 1u);
+}
+
+// Records the ranges the assembler asks for and hands out a small scratch
+// buffer: a tensor of many GiB costs no memory.
+class RangeRecordingSink final : public TensorSink {
+ public:
+  struct Range {
+    uint32_t index;
+    uint64_t offset;
+    uint64_t size;
+  };
+  absl::Status Begin(const v1::ModelHeader&,
+                     const std::vector<TensorSpec>&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<char*> WritableRange(uint32_t index, uint64_t offset,
+                                      uint64_t size) override {
+    ranges.push_back({index, offset, size});
+    scratch.assign(size, '\0');
+    return scratch.data();
+  }
+  absl::Status CommitRange(uint32_t, uint64_t, uint64_t) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Model> Finish() override {
+    return absl::UnimplementedError("the recording sink holds no model");
+  }
+  void Abort() override {}
+
+  std::vector<Range> ranges;
+  std::string scratch;
+};
+
+TEST(AssemblerTest, OffsetsPastFourGiBInOneTensorStayDistinct) {
+  constexpr uint64_t kTensorBytes = 5ull << 30;
+  constexpr uint64_t kFourGiB = 4ull << 30;
+  v1::ModelHeader header;
+  *header.add_tensors() = TensorSpecToInfo(
+      *MakeTensorSpec("big", v1::DTYPE_F32, {kTensorBytes / 4}));
+  header.set_total_bytes(kTensorBytes);
+  RangeRecordingSink sink;
+  Assembler assembler(&sink, AssemblerOptions());
+  ASSERT_TRUE(assembler.OnHeader(header, header.ByteSizeLong()).ok());
+  const std::string piece(4096, 'x');
+  // 0 and 4 GiB alias when an offset is cut to 32 bits.
+  ASSERT_TRUE(assembler.OnChunk(0, kFourGiB, piece).ok());
+  ASSERT_TRUE(assembler.OnChunk(0, 0, piece).ok());
+  ASSERT_TRUE(assembler.OnChunk(0, kTensorBytes - piece.size(), piece).ok());
+  ASSERT_EQ(sink.ranges.size(), 3u);
+  EXPECT_EQ(sink.ranges[0].offset, kFourGiB);
+  EXPECT_EQ(sink.ranges[1].offset, 0u);
+  EXPECT_EQ(sink.ranges[2].offset, kTensorBytes - piece.size());
+  EXPECT_EQ(assembler.bytes_received(), 3 * piece.size());
+  // The same range again overlaps; one byte past the end does not fit.
+  Assembler again(&sink, AssemblerOptions());
+  ASSERT_TRUE(again.OnHeader(header, header.ByteSizeLong()).ok());
+  ASSERT_TRUE(again.OnChunk(0, kFourGiB + 4096, piece).ok());
+  absl::Status overlap = again.OnChunk(0, kFourGiB + 8191, piece);
+  EXPECT_EQ(overlap.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.message().find("[4294975487, 4294979583)"),
+            std::string::npos)
+      << overlap;
+  Assembler past(&sink, AssemblerOptions());
+  ASSERT_TRUE(past.OnHeader(header, header.ByteSizeLong()).ok());
+  absl::Status beyond = past.OnChunk(0, kTensorBytes - 4095, piece);
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(beyond.message().find("runs past the end"), std::string::npos)
+      << beyond;
+  // The trailer names the first missing byte with its full 64-bit offset.
+  v1::ModelTrailer trailer;
+  trailer.set_chunk_count(3);
+  absl::Status missing = assembler.OnTrailer(trailer);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(
+      missing.message().find("missing bytes from offset 4096 (" +
+                             std::to_string(kTensorBytes) + " bytes expected)"),
+      std::string::npos)
+      << missing;
 }
 
 TEST_F(DiskSinkTest, FailedStreamLeavesNoFileAndKeepsTheOldOne) {
