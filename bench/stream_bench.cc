@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/byte_size.h"
 #include "common/status_macros.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/tls.h"
@@ -78,30 +79,6 @@ struct Options {
   bool one_tensor = false;
 };
 
-absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
-  std::string lower = absl::AsciiStrToLower(text);
-  uint64_t multiplier = 1;
-  for (auto [suffix, factor] :
-       std::vector<std::pair<std::string, uint64_t>>{{"gib", 1ull << 30},
-                                                     {"mib", 1ull << 20},
-                                                     {"kib", 1ull << 10},
-                                                     {"gb", 1000000000ull},
-                                                     {"mb", 1000000ull},
-                                                     {"kb", 1000ull}}) {
-    if (absl::EndsWith(lower, suffix)) {
-      multiplier = factor;
-      lower.resize(lower.size() - suffix.size());
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(lower, &value) || value <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read \"", text, "\" as a size (e.g. 3GiB)"));
-  }
-  return static_cast<uint64_t>(value * multiplier);
-}
-
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -114,10 +91,10 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     };
     if (arg == "--size") {
       SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
-      SWARM_ASSIGN_OR_RETURN(options.size, ParseBytes(v));
+      SWARM_ASSIGN_OR_RETURN(options.size, bench::ParseBytes(v));
     } else if (arg == "--chunk") {
       SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
-      SWARM_ASSIGN_OR_RETURN(options.chunk, ParseBytes(v));
+      SWARM_ASSIGN_OR_RETURN(options.chunk, bench::ParseBytes(v));
     } else if (arg == "--repeat") {
       SWARM_ASSIGN_OR_RETURN(absl::string_view v, value());
       if (!absl::SimpleAtoi(v, &options.repeat) || options.repeat < 1) {

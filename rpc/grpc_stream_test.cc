@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "model/test_models.h"
+#include "streaming/range_recording_sink.h"
 
 namespace swarm {
 namespace {
@@ -256,31 +257,6 @@ TEST(FeedFrameTest, NonCanonicalChunkEncodingTakesTheParsingPath) {
   EXPECT_TRUE(BitIdentical(*model, *out));
 }
 
-// Where the assembler writes, without holding the bytes.
-class RangeRecordingSink final : public TensorSink {
- public:
-  absl::Status Begin(const v1::ModelHeader&,
-                     const std::vector<TensorSpec>&) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<char*> WritableRange(uint32_t index, uint64_t offset,
-                                      uint64_t size) override {
-    offsets.push_back(offset);
-    scratch.assign(size, '\0');
-    return scratch.data();
-  }
-  absl::Status CommitRange(uint32_t, uint64_t, uint64_t) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<Model> Finish() override {
-    return absl::UnimplementedError("the recording sink holds no model");
-  }
-  void Abort() override {}
-
-  std::vector<uint64_t> offsets;
-  std::string scratch;
-};
-
 TEST(FeedFrameTest, ChunkOffsetPastFourGiBSurvivesTheSingleCopyPath) {
   constexpr uint64_t kTensorBytes = 5ull << 30;
   v1::ModelHeader header;
@@ -301,7 +277,11 @@ TEST(FeedFrameTest, ChunkOffsetPastFourGiBSurvivesTheSingleCopyPath) {
     ASSERT_TRUE(FeedFrame(&frame, &assembler).ok()) << offset;
     EXPECT_EQ(sink.scratch, *data);
   }
-  EXPECT_EQ(sink.offsets,
+  std::vector<uint64_t> offsets;
+  for (const RangeRecordingSink::Range& range : sink.ranges) {
+    offsets.push_back(range.offset);
+  }
+  EXPECT_EQ(offsets,
             (std::vector<uint64_t>{kTensorBytes - 4096, 0, 1ull << 32}));
 }
 

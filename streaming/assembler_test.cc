@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "model/test_models.h"
 #include "streaming/chunker.h"
+#include "streaming/range_recording_sink.h"
 
 namespace swarm {
 namespace {
@@ -370,37 +371,6 @@ TEST_F(DiskSinkTest, WritesSafetensorsAndMapsItBack) {
   EXPECT_EQ(reread->metadata().at("sender"), "site-a");
   EXPECT_EQ(FilesInDir(), 1u);
 }
-
-// Records the ranges the assembler asks for and hands out a small scratch
-// buffer: a tensor of many GiB costs no memory.
-class RangeRecordingSink final : public TensorSink {
- public:
-  struct Range {
-    uint32_t index;
-    uint64_t offset;
-    uint64_t size;
-  };
-  absl::Status Begin(const v1::ModelHeader&,
-                     const std::vector<TensorSpec>&) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<char*> WritableRange(uint32_t index, uint64_t offset,
-                                      uint64_t size) override {
-    ranges.push_back({index, offset, size});
-    scratch.assign(size, '\0');
-    return scratch.data();
-  }
-  absl::Status CommitRange(uint32_t, uint64_t, uint64_t) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<Model> Finish() override {
-    return absl::UnimplementedError("the recording sink holds no model");
-  }
-  void Abort() override {}
-
-  std::vector<Range> ranges;
-  std::string scratch;
-};
 
 TEST(AssemblerTest, OffsetsPastFourGiBInOneTensorStayDistinct) {
   constexpr uint64_t kTensorBytes = 5ull << 30;
