@@ -293,6 +293,16 @@ TEST(StatusWatcherTest, ObservesEachNewVersionAndStops) {
   EXPECT_EQ(seen, (std::vector<uint64_t>{1, 2, 3, 4}));
 }
 
+StateChange Change(uint64_t seq, v1::SiteState state, uint32_t round,
+                   absl::Time at) {
+  StateChange change;
+  change.seq = seq;
+  change.state = state;
+  change.round = round;
+  change.at = at;
+  return change;
+}
+
 // Changes made between two looks reach the observer one by one, with the
 // machine's times and the counters as they were after each; the status
 // itself comes last. The watcher looks at most once per
@@ -316,7 +326,7 @@ TEST(StatusWatcherTest, ReplaysJournaledChangesWithTheirTimes) {
         StatusWatcher::Watched watched;
         if (known == ~uint64_t{0}) {  // The first look: round 0, training.
           watched.reply = Reply("job-1", v1::SITE_STATE_TRAINING, 0, 1);
-          watched.changes = {{1, v1::SITE_STATE_TRAINING, 0, t0}};
+          watched.changes = {Change(1, v1::SITE_STATE_TRAINING, 0, t0)};
           return watched;
         }
         if (known == 1) {
@@ -330,10 +340,12 @@ TEST(StatusWatcherTest, ReplaysJournaledChangesWithTheirTimes) {
           // after the first one.
           base = absl::Now() - absl::Milliseconds(50);
           watched.changes = {
-              {2, v1::SITE_STATE_WAITING_FOR_PERMISSION, 0, base},
-              {3, v1::SITE_STATE_SUBMITTING, 0, base + absl::Milliseconds(10)},
-              {4, v1::SITE_STATE_IDLE, 0, base + absl::Milliseconds(20)},
-              {5, v1::SITE_STATE_TRAINING, 1, base + absl::Milliseconds(30)}};
+              Change(2, v1::SITE_STATE_WAITING_FOR_PERMISSION, 0, base),
+              Change(3, v1::SITE_STATE_SUBMITTING, 0,
+                     base + absl::Milliseconds(10)),
+              Change(4, v1::SITE_STATE_IDLE, 0, base + absl::Milliseconds(20)),
+              Change(5, v1::SITE_STATE_TRAINING, 1,
+                     base + absl::Milliseconds(30))};
           // Counters as they were after each change.
           for (StateChange& change : watched.changes) {
             change.counters.set_rounds_trained(change.seq);
