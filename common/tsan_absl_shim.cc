@@ -11,9 +11,9 @@
 // (This file is compiled into swarm_common only in ThreadSanitizer builds,
 // so every binary that uses Abseil's Mutex gets it.)
 // Lock/Unlock/TryLock as such, and Await[WithDeadline] and CondVar's waits
-// as an unlock before the wait and a lock after it (the library releases the mutex while
-// waiting; conditions it evaluates meanwhile are inside the annotated
-// region, where TSan ignores accesses, as in an instrumented Abseil).
+// as an unlock before the wait and a lock after it (the library releases the
+// mutex while waiting; conditions it evaluates meanwhile are inside the
+// annotated region, where TSan ignores accesses, as in an instrumented Abseil).
 #include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
@@ -29,14 +29,40 @@ Function RealAbsl(const char* symbol) {
   return reinterpret_cast<Function>(function);
 }
 
+// Runs `take`, a library call that returns holding `mu`: annotated as a
+// lock.
+template <typename Take>
+auto Locking(Mutex* mu, Take take) {
+  __tsan_mutex_pre_lock(mu, 0);
+  struct Taken {
+    Mutex* mu;
+    ~Taken() { __tsan_mutex_post_lock(mu, 0, 0); }
+  } taken{mu};
+  return take();
+}
+
+// Runs `wait`, a library call that releases `mu` while it waits and takes it
+// again before it returns: annotated as an unlock, then a lock.
+template <typename Wait>
+auto Released(Mutex* mu, Wait wait) {
+  __tsan_mutex_pre_unlock(mu, 0);
+  struct Retaken {
+    Mutex* mu;
+    ~Retaken() {
+      __tsan_mutex_post_unlock(mu, 0);
+      __tsan_mutex_pre_lock(mu, 0);
+      __tsan_mutex_post_lock(mu, 0, 0);
+    }
+  } retaken{mu};
+  return wait();
+}
+
 }  // namespace
 
 void Mutex::Lock() {
   static const auto real =
       RealAbsl<void (*)(Mutex*)>("_ZN4absl7debian35Mutex4LockEv");
-  __tsan_mutex_pre_lock(this, 0);
-  real(this);
-  __tsan_mutex_post_lock(this, 0, 0);
+  Locking(this, [&] { real(this); });
 }
 
 void Mutex::Unlock() {
@@ -61,23 +87,14 @@ bool Mutex::TryLock() {
 void Mutex::Await(const Condition& condition) {
   static const auto real = RealAbsl<void (*)(Mutex*, const Condition&)>(
       "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
-  __tsan_mutex_pre_unlock(this, 0);
-  real(this, condition);
-  __tsan_mutex_post_unlock(this, 0);
-  __tsan_mutex_pre_lock(this, 0);
-  __tsan_mutex_post_lock(this, 0, 0);
+  Released(this, [&] { real(this, condition); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& condition, Time deadline) {
   static const auto real = RealAbsl<bool (*)(Mutex*, const Condition&, Time)>(
       "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_"
       "4TimeE");
-  __tsan_mutex_pre_unlock(this, 0);
-  const bool met = real(this, condition, deadline);
-  __tsan_mutex_post_unlock(this, 0);
-  __tsan_mutex_pre_lock(this, 0);
-  __tsan_mutex_post_lock(this, 0, 0);
-  return met;
+  return Released(this, [&] { return real(this, condition, deadline); });
 }
 
 // LockWhen[WithDeadline] (Notification's waits use them): a lock once they
@@ -87,19 +104,14 @@ bool Mutex::AwaitWithDeadline(const Condition& condition, Time deadline) {
 void Mutex::LockWhen(const Condition& condition) {
   static const auto real = RealAbsl<void (*)(Mutex*, const Condition&)>(
       "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
-  __tsan_mutex_pre_lock(this, 0);
-  real(this, condition);
-  __tsan_mutex_post_lock(this, 0, 0);
+  Locking(this, [&] { real(this, condition); });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& condition, Time deadline) {
   static const auto real = RealAbsl<bool (*)(Mutex*, const Condition&, Time)>(
       "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_"
       "4TimeE");
-  __tsan_mutex_pre_lock(this, 0);
-  const bool met = real(this, condition, deadline);
-  __tsan_mutex_post_lock(this, 0, 0);
-  return met;
+  return Locking(this, [&] { return real(this, condition, deadline); });
 }
 
 // CondVar waits release `mu` inside the library and take it again before
@@ -107,22 +119,13 @@ bool Mutex::LockWhenWithDeadline(const Condition& condition, Time deadline) {
 void CondVar::Wait(Mutex* mu) {
   static const auto real = RealAbsl<void (*)(CondVar*, Mutex*)>(
       "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
-  __tsan_mutex_pre_unlock(mu, 0);
-  real(this, mu);
-  __tsan_mutex_post_unlock(mu, 0);
-  __tsan_mutex_pre_lock(mu, 0);
-  __tsan_mutex_post_lock(mu, 0, 0);
+  Released(mu, [&] { real(this, mu); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static const auto real = RealAbsl<bool (*)(CondVar*, Mutex*, Time)>(
       "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  __tsan_mutex_pre_unlock(mu, 0);
-  const bool timed_out = real(this, mu, deadline);
-  __tsan_mutex_post_unlock(mu, 0);
-  __tsan_mutex_pre_lock(mu, 0);
-  __tsan_mutex_post_lock(mu, 0, 0);
-  return timed_out;
+  return Released(mu, [&] { return real(this, mu, deadline); });
 }
 
 }  // namespace absl

@@ -86,16 +86,13 @@ class SiteDriver {
   v1::Reply Abort(const v1::AbortRequest& request);
   v1::StatusReply Status() const;
   // Blocks until the status version differs from `known_version` or
-  // `deadline` passes; then returns Status().
-  v1::StatusReply WaitForStatusChange(uint64_t known_version,
-                                      absl::Time deadline) const;
-  // The same, and the machine's journaled changes of state or round after
-  // the one numbered `after_change` (SiteMachine::StateChangesAfter) into
-  // `changes`, read under the same lock as the status.
-  v1::StatusReply WaitForStatusChange(uint64_t known_version,
-                                      absl::Time deadline,
-                                      uint64_t after_change,
-                                      std::vector<StateChange>* changes) const;
+  // `deadline` passes; then returns Status(). With `changes`, also the
+  // machine's journaled changes of state or round after the one numbered
+  // `after_change` (SiteMachine::StateChangesAfter), read under the same
+  // lock as the status.
+  v1::StatusReply WaitForStatusChange(
+      uint64_t known_version, absl::Time deadline, uint64_t after_change = 0,
+      std::vector<StateChange>* changes = nullptr) const;
   // Non-blocking form: `wake` runs on the runner once the status version
   // differs from `known_version`, and again at `deadline` (it may run twice:
   // the caller ignores the second call). No lock is held when it runs.

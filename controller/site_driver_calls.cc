@@ -108,16 +108,6 @@ v1::StatusReply SiteDriver::Status() const {
   return machine_.Status();
 }
 
-v1::StatusReply SiteDriver::WaitForStatusChange(uint64_t known_version,
-                                                absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
-  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return machine_.status_version() != known_version;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-  return machine_.Status();
-}
-
 v1::StatusReply SiteDriver::WaitForStatusChange(
     uint64_t known_version, absl::Time deadline, uint64_t after_change,
     std::vector<StateChange>* changes) const {
@@ -126,7 +116,7 @@ v1::StatusReply SiteDriver::WaitForStatusChange(
     return machine_.status_version() != known_version;
   };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-  *changes = machine_.StateChangesAfter(after_change);
+  if (changes != nullptr) *changes = machine_.StateChangesAfter(after_change);
   return machine_.Status();
 }
 

@@ -44,11 +44,7 @@ void ThreadPoolRunner::PostAt(absl::Time when, std::function<void()> task) {
   if (when <= absl::Now()) {
     // Due: an idle worker takes it, else the watcher does (a busy worker
     // takes over the watch when it is done).
-    if (idle_ > wakes_) {
-      WakeIdle();
-    } else if (watching_) {
-      timer_.Signal();
-    }
+    if (!WakeIdle() && watching_) timer_.Signal();
   } else {
     WatchFor(when);
   }
@@ -62,13 +58,13 @@ void ThreadPoolRunner::WatchFor(absl::Time when) {
   }
 }
 
-void ThreadPoolRunner::WakeIdle() {
+bool ThreadPoolRunner::WakeIdle() {
   // A worker signalled but not yet running counts as idle until it runs:
   // signal only if some idle worker is not already woken.
-  if (idle_ > wakes_) {
-    ++wakes_;
-    due_.Signal();
-  }
+  if (idle_ <= wakes_) return false;
+  ++wakes_;
+  due_.Signal();
+  return true;
 }
 
 void ThreadPoolRunner::Work() {

@@ -78,8 +78,9 @@ class ThreadPoolRunner final : public TaskRunner {
  private:
   void Work();
 
-  // REQUIRES: mu_ held. Wakes one idle worker, if any, for a due task.
-  void WakeIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: mu_ held. Wakes one idle worker not already woken, if any
+  // (returns whether it did), for a due task.
+  bool WakeIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Makes sure a worker will wake by `when`: recruits a
   // watcher, or wakes the one that sleeps past it.
   void WatchFor(absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
