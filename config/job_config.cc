@@ -126,6 +126,9 @@ v1::JobConfig WithDefaults(v1::JobConfig c) {
   if (c.metric_name().empty()) c.set_metric_name(kDefaultMetricName);
   c.set_chunk_size(fill(c.chunk_size(), kDefaultChunkSize));
   c.set_max_model_bytes(fill(c.max_model_bytes(), kDefaultMaxModelBytes));
+  if (!c.has_lean_memory_min_model_bytes()) {
+    c.set_lean_memory_min_model_bytes(kDefaultLeanMemoryMinModelBytes);
+  }
   return c;
 }
 

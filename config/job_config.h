@@ -34,6 +34,7 @@ inline constexpr uint32_t kDefaultFailoverAttempts = 3;
 inline constexpr double kDefaultTrimFraction = 0.1;  // TRIMMED_MEAN only.
 inline constexpr char kDefaultMetricName[] = "accuracy";
 inline constexpr uint64_t kDefaultMaxModelBytes = 64ull << 30;
+inline constexpr uint64_t kDefaultLeanMemoryMinModelBytes = 128ull << 20;
 
 // Limits checked by ValidateJobConfig.
 // kMinChunkSize, kMaxChunkSize, kDefaultChunkSize: streaming/chunker.h.

@@ -3,6 +3,8 @@
 // takes from servers and operators are in site_driver_calls.cc.
 #include "controller/site_driver.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -16,6 +18,21 @@
 namespace swarm {
 
 namespace {
+
+// `model` written to `path`, mapped and unlinked: the same model held as a
+// mapping (lean memory). Failing that, `model` itself (memory is no error).
+absl::StatusOr<Model> MapFromFile(Model model, const std::string& path) {
+  absl::Status written = model.SaveSafetensors(path);
+  absl::StatusOr<Model> mapped =
+      written.ok() ? Model::LoadSafetensors(path) : written;
+  unlink(path.c_str());
+  if (!mapped.ok()) {
+    SWARM_LOG_WARNING("keeping the initial model in memory: %s",
+                      mapped.status().message());
+    return model;
+  }
+  return mapped;
+}
 
 // A held request to this site itself is answered this long before its
 // call's deadline (as PeerService does for a remote one).
@@ -194,14 +211,18 @@ void SiteDriver::Carry(Effects& effects) {
       if (training_cancel_ != nullptr) *training_cancel_ = true;
       training_cancel_.reset();
     } else if (auto* load = std::get_if<effect::LoadInitialModel>(&effect)) {
-      runner_->Post([this, kept_round = load->kept_round] {
+      runner_->Post([this, load = std::move(*load)] {
         event::InitialModel done;
-        if (kept_round.has_value()) {
-          done.model = LoadKeptRound(*kept_round);
+        if (load.kept_round.has_value()) {
+          done.model = LoadKeptRound(*load.kept_round);
           Feed(std::move(done));
           return;
         }
         absl::StatusOr<Model> initial = learner_->InitialModel();
+        if (initial.ok() && !load.lean_path.empty() &&
+            initial->total_bytes() >= load.lean_min_bytes) {
+          initial = MapFromFile(std::move(*initial), load.lean_path);
+        }
         if (initial.ok()) {
           done.model = std::make_shared<const Model>(std::move(*initial));
         } else {
@@ -373,6 +394,9 @@ void SiteDriver::StartTraining(effect::StartTraining& start) {
                        diffed.message());
       }
     }
+    // The round's input is not read again soon: a file-backed one (lean
+    // memory) gives its pages back; they return from the file if needed.
+    global->storage()->ReleaseResidentPages();
     Feed(std::move(done));
   });
 }

@@ -422,6 +422,10 @@ void SiteMachine::OnStart(event::Start& e) {
   pending_start_ = PendingStart{e.request, job_->first_round()};
   effect::LoadInitialModel load;
   if (job_->first_round() > 0) load.kept_round = job_->first_round();
+  if (!offload_dir_.empty()) {
+    load.lean_path = LeanPath("initial-model");
+    load.lean_min_bytes = job_->config().lean_memory_min_model_bytes();
+  }
   out_.push_back(load);
   SWARM_LOG_INFO("starting job %s at round %d", job_->id(),
                  job_->first_round());
@@ -516,6 +520,19 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK &&
         current_global_ != nullptr) {
       admission.assembler.expected_specs = current_global_->specs();
+    }
+    if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
+      uint64_t bytes = 0;
+      for (const v1::TensorInfo& tensor : header.tensors()) {
+        bytes += tensor.byte_size();
+      }
+      if (LeanFor(bytes)) {
+        // Held as a mapping of a file that is gone once mapped: its pages
+        // can be given back after training (SiteDriver::StartTraining).
+        admission.sink = std::make_unique<DiskSink>(
+            LeanPath(absl::StrCat("learn-task-r", header.round())),
+            DiskSink::Keep::kUnlinkWhenMapped);
+      }
     }
     answer = std::move(admission);
   }

@@ -208,6 +208,10 @@ struct CancelTraining {};
 // earlier run of the job: a start_round without its model is refused.
 struct LoadInitialModel {
   std::optional<uint32_t> kept_round;
+  // Set: a model of lean_min_bytes or more is written to lean_path, mapped
+  // and unlinked, so that it is held as a file mapping, not memory.
+  std::string lean_path;
+  uint64_t lean_min_bytes = 0;
 };
 // Aggregate the closed round (costly: outside any lock); report
 // kAggregationDone.
@@ -532,6 +536,15 @@ class SiteMachine {
   void DropSilentTrainers(uint32_t round);
   void OnRoundReport(uint32_t round, const RoundReport& report);
   AggregationRound* GatheringRound(uint32_t round);
+  // Whether a model of `bytes` is held the lean way (JobConfig
+  // lean_memory_min_model_bytes; never without a job folder).
+  bool LeanFor(uint64_t bytes) const;
+  // A fresh path in the job's folder for a model held as a file mapping.
+  std::string LeanPath(absl::string_view what);
+  // Remote results to `round` wait while this site, its aggregator and a
+  // trainer, has not added its own (lean memory: its training's models and
+  // another result are not held at once).
+  bool OwnResultFirst(uint32_t round) const;
   absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header,
                                              absl::Time now);
   v1::Reply OnResult(const v1::ModelHeader& header,
@@ -567,6 +580,7 @@ class SiteMachine {
 
   std::shared_ptr<const JobView> job_;
   std::string offload_dir_;
+  uint64_t next_lean_file_ = 1;
   SiteRecord record_;
   // The best model when this site holds it: scored best here as an
   // aggregator (record_.best.site() is this site), or the input of the

@@ -259,6 +259,31 @@ AggregationRound* SiteMachine::GatheringRound(uint32_t round) {
   return rounds_.empty() ? nullptr : rounds_.rbegin()->second.get();
 }
 
+bool SiteMachine::LeanFor(uint64_t bytes) const {
+  return job_ != nullptr && !offload_dir_.empty() &&
+         bytes >= job_->config().lean_memory_min_model_bytes();
+}
+
+std::string SiteMachine::LeanPath(absl::string_view what) {
+  // The job's folder (the offload folder's parent): the offload folder is
+  // emptied after every aggregation, which must not touch a file being
+  // received.
+  const size_t slash = offload_dir_.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : offload_dir_.substr(0, slash);
+  return absl::StrCat(folder, "/", what, "-", next_lean_file_++,
+                      ".safetensors");
+}
+
+bool SiteMachine::OwnResultFirst(uint32_t round) const {
+  if (!training_.has_value() || training_->round != round ||
+      training_->aggregator != options_.site || training_->submitted ||
+      training_->global == nullptr) {
+    return false;
+  }
+  return LeanFor(training_->global->total_bytes());
+}
+
 absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
     const v1::ModelHeader& header, absl::Time now) {
   AggregationRound* target = GatheringRound(header.round());
@@ -385,6 +410,14 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
         round == ask.round()
             ? absl::StrCat("round ", round, " is gathered here")
             : absl::StrCat("round ", ask.round(), " is closed here"));
+    return reply;
+  }
+  if (ask.sender() != options_.site && OwnResultFirst(round)) {
+    reply.set_outcome(v1::OUTCOME_RETRY);
+    reply.set_message(absl::StrCat(
+        "round ", round, ": the aggregator adds its own result first"));
+    reply.set_retry_after_ms(retry_ms);
+    Heard(round, ask.sender(), now_);
     return reply;
   }
   const AggregationRound::Permission permission =

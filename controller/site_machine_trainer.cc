@@ -690,6 +690,14 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
     SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
     if (call.target != options_.site) {
       ScheduleAsk(job_->failover_timeout() / 2);
+    } else {
+      // In this site's own round: there is no other aggregator to resubmit
+      // it to (if this site's round fails, this site has left the job).
+      // The held trainers may go on (OwnResultFirst).
+      if (task.result != nullptr && LeanFor(task.result->total_bytes())) {
+        task.result.reset();
+      }
+      PermissionMayChange();
     }
     return;
   }

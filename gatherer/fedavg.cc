@@ -45,16 +45,14 @@ class FedAvgAggregator final : public Aggregator {
   explicit FedAvgAggregator(std::shared_ptr<SharedState> shared)
       : shared_(std::move(shared)) {}
 
+  // Plans the sums; their memory is taken by the first Add (Allocate), so
+  // a round holds no model-sized sum before its first result.
   absl::Status Init() {
     const Model& base = *shared_->base;
     const bool compensated =
         shared_->options.f32_accumulator == F32Accumulator::kCompensated;
-    // The output model, uninitialized: the first Add writes every element
-    // of the sums kept in it, and Finish every other tensor.
-    SWARM_ASSIGN_OR_RETURN(
-        acc_, Model::Create(base.specs(), HeapStorage::Init::kUninitialized));
     uint64_t wide_bytes = 0;
-    std::vector<uint64_t> wide_offsets;
+    std::vector<uint64_t>& wide_offsets = wide_offsets_;
     for (const TensorSpec& spec : base.specs()) {
       TensorAcc tensor;
       tensor.elements = spec.byte_size / DTypeSize(spec.dtype);
@@ -91,9 +89,26 @@ class FedAvgAggregator final : public Aggregator {
                    ? 6
                    : (tensor.kind == Kind::kF64InPlace ? 8 : wide_element)));
     }
+    wide_bytes_ = wide_bytes;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      total_cost_ += elements_[t] * cost_[t];
+    }
+    return absl::OkStatus();
+  }
+
+  // The sums' memory, at the first Add: the output model (uninitialized:
+  // the first Add writes every element of the sums kept in it, and Finish
+  // every other tensor) and the wide or compensation terms beside it.
+  absl::Status Allocate() {
+    if (allocated_) return absl::OkStatus();
+    SWARM_ASSIGN_OR_RETURN(acc_,
+                           Model::Create(shared_->base->specs(),
+                                         HeapStorage::Init::kUninitialized));
     SWARM_ASSIGN_OR_RETURN(
         wide_,
-        HeapStorage::Allocate(wide_bytes, HeapStorage::Init::kUninitialized));
+        HeapStorage::Allocate(wide_bytes_, HeapStorage::Init::kUninitialized));
+    allocated_ = true;
+    const std::vector<uint64_t>& wide_offsets = wide_offsets_;
     for (size_t t = 0; t < tensors_.size(); ++t) {
       char* wide = wide_->mutable_data() + wide_offsets[t];
       char* own = acc_.mutable_tensor_data(t).data();
@@ -114,7 +129,6 @@ class FedAvgAggregator final : public Aggregator {
           tensor.f32 = reinterpret_cast<float*>(wide);
           break;
       }
-      total_cost_ += elements_[t] * cost_[t];
     }
     return absl::OkStatus();
   }
@@ -133,6 +147,7 @@ class FedAvgAggregator final : public Aggregator {
         (verified == nullptr || !verified->values_checked())) {
       SWARM_RETURN_IF_ERROR(CheckFinite(result, shared_->num_threads));
     }
+    SWARM_RETURN_IF_ERROR(Allocate());
     // Valid: from here on nothing fails.
     const bool first = num_added_ == 0;
     if (first) {
@@ -280,6 +295,10 @@ class FedAvgAggregator final : public Aggregator {
   const std::shared_ptr<SharedState> shared_;
   Model acc_;
   std::shared_ptr<HeapStorage> wide_;
+  // Planned by Init, taken by Allocate.
+  uint64_t wide_bytes_ = 0;
+  std::vector<uint64_t> wide_offsets_;
+  bool allocated_ = false;
   std::vector<TensorAcc> tensors_;
   std::vector<uint64_t> elements_;
   std::vector<uint64_t> cost_;

@@ -33,6 +33,7 @@ class MappedFileStorage final : public ModelStorage {
   const char* data() const override { return file_->data().data(); }
   char* mutable_data() override { return nullptr; }
   uint64_t size() const override { return file_->size(); }
+  void ReleaseResidentPages() const override { file_->ReleaseResidentPages(); }
 
  private:
   std::unique_ptr<persist::MappedFile> file_;
@@ -132,13 +133,24 @@ class StoragePool {
     idle_bytes_ -= mapped_size;
     return block;
   }
-  // Keeps `block` if the pool has room; else returns false.
+  // Keeps `block` if the pool has room; else returns false. The pool keeps
+  // one idle block, the largest offered: a smaller one it held is unmapped.
   bool Give(char* block, uint64_t mapped_size) {
-    absl::MutexLock lock(&mu_);
-    if (idle_bytes_ + mapped_size > limit_) return false;
-    if (idle_.count(mapped_size) >= kIdlePerSize) return false;
-    idle_.emplace(mapped_size, block);
-    idle_bytes_ += mapped_size;
+    std::pair<uint64_t, char*> dropped{0, nullptr};
+    {
+      absl::MutexLock lock(&mu_);
+      if (mapped_size > limit_) return false;
+      if (!idle_.empty()) {
+        auto held = idle_.begin();
+        if (held->first >= mapped_size) return false;
+        dropped = *held;
+        idle_.erase(held);
+        idle_bytes_ -= dropped.first;
+      }
+      idle_.emplace(mapped_size, block);
+      idle_bytes_ += mapped_size;
+    }
+    if (dropped.second != nullptr) munmap(dropped.second, dropped.first);
     return true;
   }
   void SetLimit(uint64_t bytes) {
@@ -161,12 +173,10 @@ class StoragePool {
   }
 
  private:
-  // One idle block per size: the next model of that size (a site receives
-  // one per round) takes it, and the pool holds at most about one model of
-  // each size the job uses, not a share of the RAM (issue 13's budget).
-  static constexpr size_t kIdlePerSize = 1;
-
   absl::Mutex mu_;
+  // At most one block: the next model of its size (a site receives one per
+  // round) takes it. So the pool holds at most one model's worth, not a
+  // share of the RAM, and a site's memory budget counts it as one buffer.
   std::multimap<uint64_t, char*> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // A quarter of physical memory: enough to keep a large model's buffers

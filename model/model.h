@@ -51,14 +51,18 @@ class ModelStorage {
   // nullptr when the storage is read-only.
   virtual char* mutable_data() = 0;
   virtual uint64_t size() const = 0;
+  // File-backed storage drops its pages from the process's resident set
+  // (they come back from the file when read again); memory does nothing.
+  virtual void ReleaseResidentPages() const {}
 };
 
 // Anonymous memory (mmap), with transparent huge pages requested for large
 // blocks. Not copyable.
 //
 // Freed blocks of at least kMinRecycledBytes go to a process-wide pool (one
-// idle block per rounded size, and at most SetHeapStorageRecycleLimit bytes
-// idle in all) and are handed out again for the same rounded size: a site receives a model of the same size every round,
+// idle block in all, the largest freed, within SetHeapStorageRecycleLimit)
+// and are handed out again for the same rounded size: a site receives a
+// model of the same size every round,
 // and fresh memory costs a page fault and a page clear per 2 MiB / 4 KiB,
 // which at loopback speeds is a large share of a transfer.
 class HeapStorage final : public ModelStorage {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -44,17 +45,61 @@ TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
   Model again = *Model::Create(specs);
   EXPECT_EQ(again.tensor_data(0).data(), first);  // the same block, reused
   for (char c : again.tensor_data(0).substr(0, 1000)) ASSERT_EQ(c, 0);
-  // One idle block per size: a second freed block of that size is unmapped.
+  // One idle block in all: a second freed block of that size is unmapped.
   {
     Model a = *Model::Create(specs);
     Model b = *Model::Create(specs);
   }
   EXPECT_EQ(HeapStorageRecycledBytes(), 12u << 20);
+  // A larger freed block replaces it; a smaller one is not kept.
+  const std::vector<TensorSpec> larger = {
+      *MakeTensorSpec("w", v1::DTYPE_F32, {4, 1 << 20})};  // 16 MiB
+  { Model big = *Model::Create(larger); }
+  EXPECT_EQ(HeapStorageRecycledBytes(), 16u << 20);
+  { Model small = *Model::Create(specs); }
+  EXPECT_EQ(HeapStorageRecycledBytes(), 16u << 20);
   SetHeapStorageRecycleLimit(0);
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
   { Model dropped = *Model::Create(specs); }
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);  // limit 0: nothing kept
   SetHeapStorageRecycleLimit(1ull << 30);
+}
+
+// Resident pages of this process (/proc/self/statm), in bytes.
+uint64_t ResidentBytes() {
+  FILE* statm = std::fopen("/proc/self/statm", "r");
+  unsigned long size = 0, resident = 0;
+  if (statm != nullptr) {
+    if (std::fscanf(statm, "%lu %lu", &size, &resident) != 2) resident = 0;
+    std::fclose(statm);
+  }
+  return static_cast<uint64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+TEST(ModelTest, MappedModelGivesItsPagesBackAndReadsThemAgain) {
+  const std::string path =
+      std::string(::testing::TempDir()) + "/release_" +
+      std::to_string(getpid()) + ".safetensors";
+  const std::vector<TensorSpec> specs = {
+      *MakeTensorSpec("w", v1::DTYPE_F32, {8, 1 << 20})};  // 32 MiB
+  {
+    Model written = *Model::Create(specs);
+    std::memset(written.mutable_tensor_data(0).data(), 0x3c, 32u << 20);
+    ASSERT_TRUE(written.SaveSafetensors(path).ok());
+  }
+  Model mapped = *Model::LoadSafetensors(path);
+  std::filesystem::remove(path);  // The mapping keeps the contents.
+  uint64_t sum = 0;
+  for (char c : mapped.tensor_data(0)) sum += static_cast<uint8_t>(c);
+  const uint64_t touched = ResidentBytes();
+  mapped.storage()->ReleaseResidentPages();
+  const uint64_t released = ResidentBytes();
+  EXPECT_GE(touched - released, 24u << 20)
+      << "touched " << touched << " released " << released;
+  uint64_t again = 0;
+  for (char c : mapped.tensor_data(0)) again += static_cast<uint8_t>(c);
+  EXPECT_EQ(again, sum);
+  EXPECT_EQ(sum, 0x3cull * (32u << 20));
 }
 
 TEST(ModelTest, RefusesDuplicateNamesAndWrongSizes) {

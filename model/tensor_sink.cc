@@ -1,5 +1,7 @@
 #include "model/tensor_sink.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <utility>
 
@@ -53,7 +55,8 @@ void MemorySink::Abort() {
   begun_ = false;
 }
 
-DiskSink::DiskSink(std::string path) : path_(std::move(path)) {}
+DiskSink::DiskSink(std::string path, Keep keep)
+    : path_(std::move(path)), keep_(keep) {}
 
 DiskSink::~DiskSink() = default;
 
@@ -108,6 +111,7 @@ absl::StatusOr<Model> DiskSink::Finish() {
   if (!mapped.ok()) return AsStorageError(mapped.status());
   mapped->reset();
   absl::StatusOr<Model> model = Model::LoadSafetensors(path_);
+  if (keep_ == Keep::kUnlinkWhenMapped) unlink(path_.c_str());
   if (!model.ok()) return AsStorageError(model.status());
   return model;
 }

@@ -75,7 +75,11 @@ class MemorySink final : public TensorSink {
 // AsStorageError (common/storage_error.h).
 class DiskSink final : public TensorSink {
  public:
-  explicit DiskSink(std::string path);
+  // kUnlinkWhenMapped: Finish removes the file once the model maps it (the
+  // mapping keeps its contents): a model kept out of anonymous memory, with
+  // nothing left on disk to clean up.
+  enum class Keep { kFile, kUnlinkWhenMapped };
+  explicit DiskSink(std::string path, Keep keep = Keep::kFile);
   ~DiskSink() override;
   DiskSink(const DiskSink&) = delete;
   DiskSink& operator=(const DiskSink&) = delete;
@@ -94,6 +98,7 @@ class DiskSink final : public TensorSink {
 
  private:
   std::string path_;
+  Keep keep_;
   std::unique_ptr<persist::WritableMappedFile> file_;
   // Offset of each tensor's first byte in the file.
   std::vector<uint64_t> file_offsets_;

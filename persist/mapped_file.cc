@@ -75,6 +75,12 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) munmap(const_cast<char*>(data_), size_);
 }
 
+void MappedFile::ReleaseResidentPages() const {
+  // A private read-only file mapping holds no data of its own: dropping its
+  // pages loses nothing. Failure (an old kernel) only leaves them resident.
+  if (data_ != nullptr) madvise(const_cast<char*>(data_), size_, MADV_DONTNEED);
+}
+
 // -------------------------------------------------------- WritableMappedFile
 
 absl::StatusOr<std::unique_ptr<WritableMappedFile>> WritableMappedFile::Create(

@@ -33,6 +33,12 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Drops the mapping's pages from this process's resident set; the view
+  // stays valid and a later read faults them back in from the page cache
+  // or the file. Safe while other threads read (they refault). Counts as
+  // memory only for RSS: the kernel may keep the file's pages cached.
+  void ReleaseResidentPages() const;
+
  private:
   MappedFile(std::string path, const char* data, size_t size);
 

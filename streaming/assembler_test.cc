@@ -372,6 +372,18 @@ TEST_F(DiskSinkTest, WritesSafetensorsAndMapsItBack) {
   EXPECT_EQ(FilesInDir(), 1u);
 }
 
+TEST_F(DiskSinkTest, UnlinkWhenMappedLeavesNoFileAndAReadableModel) {
+  auto model = SmallModel();
+  DiskSink sink((dir_ / "task.safetensors").string(),
+                DiskSink::Keep::kUnlinkWhenMapped);
+  absl::StatusOr<Model> out = Feed(Frames(model), &sink);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(FilesInDir(), 0u);
+  EXPECT_TRUE(BitIdentical(*model, *out));
+  out->storage()->ReleaseResidentPages();  // Read back from the file.
+  EXPECT_TRUE(BitIdentical(*model, *out));
+}
+
 TEST(AssemblerTest, OffsetsPastFourGiBInOneTensorStayDistinct) {
   constexpr uint64_t kTensorBytes = 5ull << 30;
   constexpr uint64_t kFourGiB = 4ull << 30;

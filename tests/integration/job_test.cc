@@ -57,6 +57,10 @@ struct JobSpec {
   Transport transport = Transport::kMutualTls;
   // > 0: every site's max_calls_per_peer.
   uint32_t max_calls_per_peer = 0;
+  // Lean memory for every model size (JobConfig
+  // lean_memory_min_model_bytes 0): learn tasks and the initial model held
+  // as file mappings, the aggregator's own result first.
+  bool lean_memory = false;
 };
 
 bool ExactInFloat(double value) {
@@ -143,6 +147,7 @@ class JobTest : public ::testing::Test {
     job.set_learn_task_ack_timeout_ms(10000);
     job.set_chunk_size(4096);
     job.set_keep_round_models(true);
+    if (spec.lean_memory) job.set_lean_memory_min_model_bytes(0);
     const std::string job_path = swarm.WriteJob(job);
     absl::StatusOr<v1::JobConfig> loaded = LoadJobConfig(job_path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -377,6 +382,22 @@ TEST_F(JobTest, ThreeSitesEachTrainerAndCandidate) {
   spec.job_id = "three-sites";
   spec.seed = 7;
   spec.metrics = kBestRound2;
+  spec.sites = {
+      {"site-1", true, true, 0.125, 1, 0.0},
+      {"site-2", true, true, 0.25, 1, 0.0625},
+      {"site-3", true, true, 0.375, 2, 0.125},
+  };
+  RunJob(spec);
+}
+
+// The same job with lean memory: the same aggregates, bit for bit, and the
+// same best round (the models' holding changes, not their values).
+TEST_F(JobTest, ThreeSitesLeanMemory) {
+  JobSpec spec;
+  spec.job_id = "three-sites-lean";
+  spec.seed = 7;
+  spec.metrics = kBestRound2;
+  spec.lean_memory = true;
   spec.sites = {
       {"site-1", true, true, 0.125, 1, 0.0},
       {"site-2", true, true, 0.25, 1, 0.0625},
