@@ -45,7 +45,13 @@ absl::Status OpenSslError(absl::string_view what) {
       absl::StrCat(what, detail.empty() ? "" : ": ", detail));
 }
 
-absl::StatusOr<Owned<EVP_PKEY>> NewKey() {
+absl::StatusOr<Owned<EVP_PKEY>> NewKey(
+    KeyAlgorithm algorithm = KeyAlgorithm::kEcP256) {
+  if (algorithm == KeyAlgorithm::kRsa2048) {
+    Owned<EVP_PKEY> key(EVP_RSA_gen(2048));
+    if (key == nullptr) return OpenSslError("generating an RSA 2048 key");
+    return key;
+  }
   Owned<EVP_PKEY> key(EVP_EC_gen("P-256"));
   if (key == nullptr) return OpenSslError("generating an EC P-256 key");
   return key;
@@ -211,7 +217,7 @@ absl::StatusOr<KeyAndCert> IssueCertificate(const KeyAndCert& ca,
   }
   SWARM_ASSIGN_OR_RETURN(Owned<X509> ca_cert, CertFromPem(ca.cert_pem));
   SWARM_ASSIGN_OR_RETURN(Owned<EVP_PKEY> ca_key, KeyFromPem(ca.key_pem));
-  SWARM_ASSIGN_OR_RETURN(Owned<EVP_PKEY> key, NewKey());
+  SWARM_ASSIGN_OR_RETURN(Owned<EVP_PKEY> key, NewKey(request.key_algorithm));
   Owned<X509> cert(X509_new());
   X509_set_version(cert.get(), 2);
   SWARM_RETURN_IF_ERROR(SetRandomSerial(cert.get()));
@@ -229,8 +235,12 @@ absl::StatusOr<KeyAndCert> IssueCertificate(const KeyAndCert& ca,
   X509_set_pubkey(cert.get(), key.get());
   SWARM_RETURN_IF_ERROR(AddExtension(
       cert.get(), ca_cert.get(), NID_basic_constraints, "critical,CA:FALSE"));
-  SWARM_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert.get(), NID_key_usage,
-                                     "critical,digitalSignature,keyAgreement"));
+  // An EC key agrees on TLS keys (ECDHE); an RSA key may also encipher them.
+  SWARM_RETURN_IF_ERROR(
+      AddExtension(cert.get(), ca_cert.get(), NID_key_usage,
+                   request.key_algorithm == KeyAlgorithm::kRsa2048
+                       ? "critical,digitalSignature,keyEncipherment"
+                       : "critical,digitalSignature,keyAgreement"));
   SWARM_RETURN_IF_ERROR(AddExtension(
       cert.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth,clientAuth"));
   SWARM_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert.get(),

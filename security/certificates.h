@@ -20,6 +20,11 @@ inline constexpr char kSiteRole[] = "swarm-site";
 inline constexpr char kAdminRole[] = "swarm-admin";
 inline constexpr char kCaRole[] = "swarm-ca";
 
+// The key pair a certificate is issued for. Provisioning always makes EC
+// P-256; RSA is for operators who bring their own PKI and for tests of code
+// that must accept both (security/model_signature.h).
+enum class KeyAlgorithm { kEcP256, kRsa2048 };
+
 // A private key and its certificate, both PEM.
 struct KeyAndCert {
   std::string key_pem;
@@ -34,6 +39,7 @@ struct CertRequest {
   std::vector<std::string> ip_addresses;
   absl::Time not_before = absl::InfinitePast();  // default: now - 1 hour
   absl::Time not_after = absl::InfinitePast();  // default: not_before + 2 years
+  KeyAlgorithm key_algorithm = KeyAlgorithm::kEcP256;
 };
 
 // A new self-signed CA called `name`, valid from an hour ago for `validity`.

@@ -50,6 +50,21 @@ TEST(CertificatesTest, ValidityCanBeChosen) {
   EXPECT_EQ(info.role, kAdminRole);
 }
 
+TEST(CertificatesTest, KeyAlgorithmCanBeChosen) {
+  KeyAndCert ca = *CreateCa("ca");
+  CertRequest request;
+  request.common_name = "site-rsa";
+  request.role = kSiteRole;
+  request.key_algorithm = KeyAlgorithm::kRsa2048;
+  absl::StatusOr<KeyAndCert> cert = IssueCertificate(ca, request);
+  ASSERT_TRUE(cert.ok()) << cert.status();
+  EXPECT_THAT(cert->key_pem, ::testing::HasSubstr("BEGIN PRIVATE KEY"));
+  EXPECT_GT(cert->key_pem.size(), 1500u);  // RSA 2048; EC P-256 is ~240.
+  EXPECT_EQ(ParseCertificate(cert->cert_pem)->common_name, "site-rsa");
+  request.key_algorithm = KeyAlgorithm::kEcP256;
+  EXPECT_LT(IssueCertificate(ca, request)->key_pem.size(), 400u);
+}
+
 TEST(CertificatesTest, RefusesBadRequests) {
   KeyAndCert ca = *CreateCa("ca");
   CertRequest request;
