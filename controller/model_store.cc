@@ -71,6 +71,10 @@ absl::Status WorkspaceModelStore::SaveGlobal(
   return model.SaveSafetensors(workspace_.GlobalModelPath(job), metadata);
 }
 
+absl::StatusOr<Model> WorkspaceModelStore::MapGlobal(const std::string& job) {
+  return Model::LoadSafetensors(workspace_.GlobalModelPath(job));
+}
+
 absl::Status WorkspaceModelStore::SaveHeldBest(
     const std::string& job, const Model& model,
     const std::map<std::string, std::string>& metadata) {

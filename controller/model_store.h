@@ -51,6 +51,11 @@ class ModelStore {
   // A round's kept global model; NotFound when absent.
   virtual absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) = 0;
+  // The current global model (SaveGlobal's file) mapped read-only, so that
+  // it is held as a file mapping (lean memory). Default: Unimplemented.
+  virtual absl::StatusOr<Model> MapGlobal(const std::string& job) {
+    return absl::UnimplementedError("this store keeps no global model file");
+  }
   // BEST or LAST, as received at the end of the job (metadata included).
   virtual absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
@@ -82,6 +87,7 @@ class WorkspaceModelStore final : public ModelStore {
       const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
+  absl::StatusOr<Model> MapGlobal(const std::string& job) override;
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
       const std::map<std::string, std::string>& metadata) override;

@@ -232,8 +232,8 @@ void SiteDriver::Carry(Effects& effects) {
       });
     } else if (auto* run = std::get_if<effect::RunAggregation>(&effect)) {
       // Outside the lock: the closed round is this task's alone.
-      runner_->Post([this, round = run->round, closed = run->closed] {
-        Feed(event::AggregationDone{round, closed->Aggregate()});
+      runner_->Post([this, run = std::move(*run)] {
+        Feed(RunAggregationWork(run));
       });
     } else if (auto* timer = std::get_if<effect::SetTimer>(&effect)) {
       runner_->PostAt(timer->when, [this, id = timer->timer] {
@@ -277,6 +277,11 @@ void SiteDriver::Attempt(std::shared_ptr<effect::Send> send, int attempt,
       send->to, send->message,
       [this, send, attempt,
        maybe_delivered](absl::StatusOr<PeerReply> reply) mutable {
+        // A file-backed model (lean memory) gives back the pages the send
+        // read; another send still reading reads them again from the file.
+        if (send->message.model != nullptr) {
+          send->message.model->storage()->ReleaseResidentPages();
+        }
         const absl::Status status = reply.status();
         if (status.ok() || !send->retry || !RetryPolicy::Retryable(status)) {
           CallDone(send->call, std::move(reply), maybe_delivered);
@@ -346,8 +351,12 @@ void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
     return;
   }
   const RequestId request = NewRequest();
-  event::ModelBody body{request, message.header, message.model};
-  if (message.model == nullptr) {
+  // Moved, not shared: the reply (and what it lets go on, such as the next
+  // trainer's upload) comes while this call still runs, and the model must
+  // not outlive the step that took it (a site's own result, added and let
+  // go of before another result is let in).
+  event::ModelBody body{request, message.header, std::move(message.model)};
+  if (*body.model == nullptr) {
     body.model = absl::InvalidArgumentError("no model in the message");
   }
   Feed(std::move(body), request, [done_reply](effect::Reply& r) {
@@ -441,9 +450,29 @@ void SiteDriver::Write(effect::Persist& persist) {
   }
   // Whatever the store failed to write is this site's disk's failure.
   status = AsStorageError(std::move(status));
-  if (persist.notify || !status.ok()) {
+  std::shared_ptr<const Model> mapped;
+  if (persist.map_back && status.ok()) {
+    absl::StatusOr<Model> loaded = store_->MapGlobal(persist.job_id);
+    if (loaded.ok() && loaded->SameLayout(*persist.model)) {
+      // The same values; the metadata the machine knows (not the file's).
+      loaded->metadata() = persist.model->metadata();
+      mapped = std::make_shared<const Model>(std::move(*loaded));
+    } else {
+      SWARM_LOG_WARNING("round %d: keeping the global model in memory: %s",
+                        persist.round,
+                        loaded.ok() ? "the file's layout differs"
+                                    : loaded.status().message());
+    }
+  }
+  // What was written is not read again soon: a file-backed model gives its
+  // pages back (memory does nothing).
+  if (persist.model != nullptr) {
+    persist.model->storage()->ReleaseResidentPages();
+  }
+  if (persist.notify || !status.ok() || persist.map_back) {
     Feed(event::PersistDone{persist.persist, status,
-                            std::string(PersistName(persist.what))});
+                            std::string(PersistName(persist.what)),
+                            std::move(mapped)});
   }
 }
 

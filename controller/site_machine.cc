@@ -521,18 +521,20 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
         current_global_ != nullptr) {
       admission.assembler.expected_specs = current_global_->specs();
     }
-    if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
-      uint64_t bytes = 0;
-      for (const v1::TensorInfo& tensor : header.tensors()) {
-        bytes += tensor.byte_size();
-      }
-      if (LeanFor(bytes)) {
-        // Held as a mapping of a file that is gone once mapped: its pages
-        // can be given back after training (SiteDriver::StartTraining).
-        admission.sink = std::make_unique<DiskSink>(
-            LeanPath(absl::StrCat("learn-task-r", header.round())),
-            DiskSink::Keep::kUnlinkWhenMapped);
-      }
+    uint64_t bytes = 0;
+    for (const v1::TensorInfo& tensor : header.tensors()) {
+      bytes += tensor.byte_size();
+    }
+    if (LeanFor(bytes)) {
+      // A learn task or a final model, held as a mapping of a file that is
+      // gone once mapped: its pages are given back after training, writing
+      // and sending (SiteDriver), and come back from the file when read.
+      admission.sink = std::make_unique<DiskSink>(
+          LeanPath(absl::StrCat(
+              header.kind() == v1::MODEL_KIND_LEARN_TASK ? "learn-task"
+                                                          : "final",
+              "-r", header.round())),
+          DiskSink::Keep::kUnlinkWhenMapped);
     }
     answer = std::move(admission);
   }
@@ -595,6 +597,10 @@ void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
 }
 
 void SiteMachine::OnPersistDone(event::PersistDone& e) {
+  if (auto back = mapping_back_.find(e.persist); back != mapping_back_.end()) {
+    if (e.mapped != nullptr) ReplaceHeldModel(back->second, e.mapped);
+    mapping_back_.erase(back);
+  }
   if (auto durable = durable_writes_.find(e.persist);
       durable != durable_writes_.end()) {
     if (e.status.ok()) {

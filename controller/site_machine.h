@@ -137,6 +137,8 @@ struct InitialModel {
 struct AggregationDone {
   uint32_t round = 0;
   absl::StatusOr<std::shared_ptr<const Model>> model;
+  // RunAggregation.digest_base: the base model's ModelContentDigest.
+  std::string base_digest;
 };
 // A Persist ended. Reported for every Persist with `notify`, and for every
 // one that failed (`what` names the file).
@@ -144,6 +146,9 @@ struct PersistDone {
   PersistId persist = 0;
   absl::Status status;
   std::string what;
+  // Persist.map_back: the written model, mapped from its file (null when
+  // that failed: the model stays in memory).
+  std::shared_ptr<const Model> mapped;
 };
 // The daemon restarted: the job this site was in, reloaded from its
 // workspace (the accepted config, the state file, the persisted global
@@ -218,6 +223,10 @@ struct LoadInitialModel {
 struct RunAggregation {
   uint32_t round = 0;
   std::shared_ptr<AggregationRound> closed;
+  // The base is the new best: digest it too (before aggregating, so that
+  // no result is held while the base is read; outside the step, since it
+  // reads a whole model).
+  bool digest_base = false;
 };
 struct SetTimer {
   TimerId timer = 0;
@@ -236,6 +245,9 @@ struct Persist {
   v1::JobState state;  // kState.
   uint32_t round = 0;  // kGlobal: the round the model is the input of.
   bool keep_round = false;
+  // kGlobal (lean memory): map the written file back and report it in
+  // kPersistDone, so that the site holds the model as a file mapping.
+  bool map_back = false;
   v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;  // kFinal.
   std::shared_ptr<const Model> model;
   std::map<std::string, std::string> metadata;
@@ -247,6 +259,10 @@ struct PrepareTransport {
 // What Status() shows changed (wake held Status calls).
 struct StatusChanged {};
 }  // namespace effect
+
+// The work of a RunAggregation, for its carrier (outside any lock): the
+// base's digest if asked, then the aggregate.
+event::AggregationDone RunAggregationWork(const effect::RunAggregation& run);
 
 using Effect =
     std::variant<effect::Send, effect::Reply, effect::StartTraining,
@@ -545,6 +561,10 @@ class SiteMachine {
   // trainer, has not added its own (lean memory: its training's models and
   // another result are not held at once).
   bool OwnResultFirst(uint32_t round) const;
+  // Every model this machine holds that is `old` becomes `mapped` (the same
+  // values, held as a file mapping). A gathering round's base stays (its
+  // aggregator's state is immutable).
+  void ReplaceHeldModel(const Model* old, std::shared_ptr<const Model> mapped);
   absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header,
                                              absl::Time now);
   v1::Reply OnResult(const v1::ModelHeader& header,
@@ -648,6 +668,8 @@ class SiteMachine {
   // shows as global_round. The state writes that will make it so.
   int64_t durable_global_round_ = -1;
   std::map<PersistId, int64_t> durable_writes_;
+  // Writes with map_back: the model each wrote (compared, never read).
+  std::map<PersistId, const Model*> mapping_back_;
   bool reloaded_ = false;  // This daemon reloaded its job on start.
   Lineage persisted_global_lineage_;
   std::map<RequestId, Held> held_;

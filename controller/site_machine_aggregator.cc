@@ -170,9 +170,9 @@ void SiteMachine::CloseRound(uint32_t number) {
   if (verdict.base_is_new_best) {
     best_model_ = round->shared_base();
     best_model_round_ = number;
-    // Every trainer of the round holds this model too: the digest lets a
-    // BEST from any of them be checked when this site is gone at the end.
-    verdict.best.set_digest(ModelContentDigest(*best_model_));
+    // Every trainer of the round holds this model too: the digest (set when
+    // the aggregation reports it) lets a BEST from any of them be checked
+    // when this site is gone at the end.
     effect::Persist keep;
     keep.what = effect::Persist::What::kBestModel;
     keep.persist = next_persist_++;
@@ -201,14 +201,35 @@ void SiteMachine::CloseRound(uint32_t number) {
   closing.stop_reason = EarlyStopReason(*job_, verdict.best, number);
   aggregating_[number] = std::move(closing);
   PermissionMayChange();
-  out_.push_back(effect::RunAggregation{number, std::move(round)});
+  out_.push_back(effect::RunAggregation{number, std::move(round),
+                                        verdict.base_is_new_best});
+}
+
+event::AggregationDone RunAggregationWork(const effect::RunAggregation& run) {
+  event::AggregationDone done;
+  done.round = run.round;
+  if (run.digest_base) {
+    done.base_digest = ModelContentDigest(run.closed->base());
+    // Not read again unless results are differences: a file-backed base
+    // (lean memory) gives its pages back.
+    run.closed->base().storage()->ReleaseResidentPages();
+  }
+  done.model = run.closed->Aggregate();
+  return done;
 }
 
 void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   auto it = aggregating_.find(e.round);
   if (it == aggregating_.end() || !Active()) return;
-  const Closing closing = it->second;
+  Closing closing = it->second;
   aggregating_.erase(it);
+  if (!e.base_digest.empty()) {
+    closing.best.set_digest(e.base_digest);
+    if (record_.best.round() == e.round &&
+        record_.best.site() == options_.site && record_.best.digest().empty()) {
+      record_.best.set_digest(e.base_digest);
+    }
+  }
   if (!e.model.ok()) {
     return Fail(absl::StrCat("round ", e.round, ": aggregation"),
                 e.model.status());
@@ -221,6 +242,10 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   global.round = e.round + 1;
   global.keep_round = job_->config().keep_round_models();
   global.model = next;
+  if (LeanFor(next->total_bytes())) {
+    global.map_back = true;
+    mapping_back_[global.persist] = next.get();
+  }
   global.metadata = next->metadata();
   global.metadata["job"] = job_->id();
   global.metadata["round"] = absl::StrCat(e.round + 1);
@@ -273,6 +298,20 @@ std::string SiteMachine::LeanPath(absl::string_view what) {
       slash == std::string::npos ? "." : offload_dir_.substr(0, slash);
   return absl::StrCat(folder, "/", what, "-", next_lean_file_++,
                       ".safetensors");
+}
+
+void SiteMachine::ReplaceHeldModel(const Model* old,
+                                   std::shared_ptr<const Model> mapped) {
+  auto swap = [&](std::shared_ptr<const Model>& held) {
+    if (held != nullptr && held.get() == old) held = mapped;
+  };
+  swap(current_global_);
+  swap(best_model_);
+  if (training_.has_value()) swap(training_->global);
+  for (auto& [round, scatter] : scatters_) swap(scatter.global);
+  for (auto& [round, task] : aggregator_tasks_) swap(task.global);
+  for (auto& [id, broadcast] : broadcasts_) swap(broadcast.best_model);
+  for (auto& [kind, model] : finals_) swap(model);
 }
 
 bool SiteMachine::OwnResultFirst(uint32_t round) const {

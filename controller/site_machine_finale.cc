@@ -277,6 +277,13 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
 v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
                                    std::shared_ptr<const Model> model) {
   finals_[header.kind()] = model;
+  if (header.kind() == v1::MODEL_KIND_LAST && training_.has_value() &&
+      training_->result != nullptr && training_->round <= header.round() &&
+      LeanFor(training_->result->total_bytes())) {
+    // The job's outcome is here: this site's last result is not needed for
+    // a resubmission any more.
+    training_->result.reset();
+  }
   record_.final_rounds[header.kind()] = header.round();
   // The record is taken only from the last round's aggregator (who closed
   // the last round and so knows the final best); a BEST from the holder

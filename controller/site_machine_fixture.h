@@ -306,8 +306,7 @@ class SiteMachineTest : public ::testing::Test {
       ADD_FAILURE() << "the round did not close";
       return {};
     }
-    return Step(
-        event::AggregationDone{run[0]->round, run[0]->closed->Aggregate()});
+    return Step(RunAggregationWork(*run[0]));
   }
 
   // Site d with round `round` open, trainers `expected`.
