@@ -205,6 +205,37 @@ double ModelOverLinkSeconds(uint64_t bytes, int mbit) {
   return static_cast<double>(bytes) * 8 / (static_cast<double>(mbit) * 1e6);
 }
 
+// With --link-mbit: the job's liveness timeouts raised to what a scatter
+// takes over the capped links, so that they keep meaning "down or cut off"
+// rather than "still receiving". Their defaults assume a LAN: at 8 sites,
+// 64 MiB and 100 Mbit/s the scatterer's N-1 learn tasks share its link for
+// about 38 s, and with the defaults the scatter stopped waiting for every
+// remote trainer 5 s after its own (local) task was acknowledged
+// (failover_timeout_ms), a trainer's request to submit queued behind a
+// model stream on the same connection ran out (its message timeout, 5 s)
+// and failed the round over to a backup: a round of one or two results,
+// not the star. Each is raised to twice a scatter, (N-1) models over one
+// link, and never lowered below its default.
+struct LinkTimeouts {
+  uint64_t failover_timeout_ms = 0;
+  uint64_t request_to_submit_message_timeout_ms = 0;
+  uint64_t learn_task_ack_timeout_ms = 0;
+};
+
+LinkTimeouts TimeoutsForLink(const Options& options, int sites) {
+  const double scatter_s =
+      (sites - 1) *
+      ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
+  const uint64_t twice_scatter_ms = static_cast<uint64_t>(2000 * scatter_s);
+  LinkTimeouts timeouts;
+  timeouts.failover_timeout_ms = std::max<uint64_t>(5000, twice_scatter_ms);
+  timeouts.request_to_submit_message_timeout_ms =
+      std::max<uint64_t>(5000, twice_scatter_ms);
+  timeouts.learn_task_ack_timeout_ms =
+      std::max<uint64_t>(60000, twice_scatter_ms);
+  return timeouts;
+}
+
 struct Daemon {
   std::string name;
   pid_t pid = -1;
@@ -773,12 +804,46 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     if (options.max_concurrent > 0) {
       job.set_max_concurrent_submissions(options.max_concurrent);
     }
+    if (options.link_mbit > 0) {
+      const LinkTimeouts timeouts = TimeoutsForLink(options, sites);
+      job.set_failover_timeout_ms(timeouts.failover_timeout_ms);
+      job.set_request_to_submit_message_timeout_ms(
+          timeouts.request_to_submit_message_timeout_ms);
+      job.set_learn_task_ack_timeout_ms(timeouts.learn_task_ack_timeout_ms);
+      std::printf(
+          "sites=%d job timeouts scaled to the link: failover_timeout_ms=%llu "
+          "request_to_submit_message_timeout_ms=%llu "
+          "learn_task_ack_timeout_ms=%llu\n",
+          sites, static_cast<unsigned long long>(timeouts.failover_timeout_ms),
+          static_cast<unsigned long long>(
+              timeouts.request_to_submit_message_timeout_ms),
+          static_cast<unsigned long long>(timeouts.learn_task_ack_timeout_ms));
+      std::fflush(stdout);
+    }
     options.variant->apply(&job);
     absl::StatusOr<std::string> json = ToJson(job);
     if (json.ok()) {
       status = WriteFile(absl::StrCat(dir, "/job.json"), *json);
     } else {
       status = json.status();
+    }
+    // A round's allowance: 5 s, and with --link-mbit three times what the
+    // star's 2(N-1) models over one link take.
+    absl::Duration per_round = absl::Seconds(5);
+    // The deadline of a Configure or Status call. With --link-mbit a reply
+    // crosses a link that model streams keep full: tbf's queue drops some
+    // of its packets, and TCP resends them after its retransmission timeout
+    // (1 s, doubling).
+    absl::Duration call_deadline = absl::Seconds(10);
+    // Start answers once the first round's learn tasks are out, at most at
+    // the call's deadline: with --link-mbit that is a whole scatter.
+    absl::Duration start_deadline = absl::Seconds(10);
+    if (options.link_mbit > 0) {
+      per_round += absl::Seconds(
+          3 * 2 * sites *
+          ModelOverLinkSeconds(options.model_bytes, options.link_mbit));
+      call_deadline = absl::Seconds(60);
+      start_deadline = per_round;
     }
     std::vector<std::unique_ptr<v1::Peer::Stub>> stubs;
     for (const Daemon& daemon : daemons) {
@@ -787,7 +852,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     for (int i = 0; i < sites && status.ok(); ++i) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline));
       v1::ConfigureRequest request;
       request.set_sender(kAdmin);
       *request.mutable_job() = job;
@@ -805,7 +870,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     const absl::Time start = absl::Now();
     if (status.ok()) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + start_deadline));
       v1::StartRequest request;
       request.set_sender(kAdmin);
       request.set_job_id(kJobId);
@@ -816,22 +881,14 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
             absl::StrCat("start: ", rpc.error_message(), reply.message()));
       }
     }
-    // Wait until every site is done: 5 s a round, and with --link-mbit
-    // three times what the star's 2(N-1) models over one link take.
-    absl::Duration per_round = absl::Seconds(5);
-    if (options.link_mbit > 0) {
-      per_round += absl::Seconds(
-          3 * 2 * sites *
-          ModelOverLinkSeconds(options.model_bytes, options.link_mbit));
-    }
+    // Wait until every site is done.
     const absl::Time deadline =
         absl::Now() + absl::Seconds(30) + options.rounds * per_round;
     for (int i = 0; i < sites && status.ok(); ++i) {
       uint64_t version = 0;
       while (true) {
         grpc::ClientContext context;
-        context.set_deadline(
-            absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+        context.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline));
         v1::StatusRequest request;
         request.set_job_id(kJobId);
         request.set_sender(kAdmin);
