@@ -28,9 +28,10 @@
 // and refuses to go on if that beat the cap by more than 5%. It then prints
 // `link_ratio`: the median round divided by the time one model takes over
 // one link at N Mbit/s (the star sends N-1 models out of one site and takes
-// N-1 in at another: about 2(N-1)). It needs root; without it, or where
-// namespaces, veth pairs or tbf cannot be made, it exits 1 with "cannot run
-// link-limited mode: <why>", never falling back to loopback. The
+// N-1 in at another: about 2(N-1)). The job's liveness timeouts are scaled
+// to the links (TimeoutsForLink) and printed. It needs root; without it, or
+// where namespaces, veth pairs or tbf cannot be made, it exits 1 with "cannot
+// run link-limited mode: <why>", never falling back to loopback. The
 // namespaces, veth pairs, bridge and qdiscs are removed when the run ends,
 // fails or is interrupted (SIGINT, SIGTERM); a run killed outright leaves
 // them, and the next run (or fault test) removes those whose process is
@@ -130,9 +131,8 @@ struct RoundVariant {
 };
 constexpr RoundVariant kVariants[] = {
     {"star",
-     "the aggregator's round as configured by default: the scattering site "
-     "sends every trainer the model, every trainer sends its result to the "
-     "aggregator (sets no field)",
+     "the default round: the scattering site sends each trainer the model, "
+     "each trainer sends its result to the aggregator (sets no job field)",
      [](v1::JobConfig*) {}},
 };
 
@@ -188,9 +188,9 @@ struct Options {
 // - latency 50 ms: the queue holds 50 ms of traffic at the rate. That is
 //   far more than the path's own round trip (well under 1 ms on veth), so
 //   TCP's halving of its window after a drop does not leave the link idle,
-//   even with one flow; and short enough that a small call queued behind a
-//   model (a status call, a request to submit) waits at most 50 ms, far
-//   below the job's call deadlines (seconds).
+//   even with one flow; and short enough that a small call's packet queued
+//   behind a model's packets waits at most 50 ms in tbf, far below the job's
+//   call deadlines (seconds).
 testing::LinkShape ShapeFor(int mbit) {
   const uint64_t rate = static_cast<uint64_t>(mbit) * 1000000;
   testing::LinkShape shape;
@@ -211,11 +211,12 @@ double ModelOverLinkSeconds(uint64_t bytes, int mbit) {
 // 64 MiB and 100 Mbit/s the scatterer's N-1 learn tasks share its link for
 // about 38 s, and with the defaults the scatter stopped waiting for every
 // remote trainer 5 s after its own (local) task was acknowledged
-// (failover_timeout_ms), a trainer's request to submit queued behind a
-// model stream on the same connection ran out (its message timeout, 5 s)
-// and failed the round over to a backup: a round of one or two results,
-// not the star. Each is raised to twice a scatter, (N-1) models over one
-// link, and never lowered below its default.
+// (failover_timeout_ms), and a trainer's requests to submit, sent while the
+// aggregator was still receiving its own task from the same site, timed out
+// (request_to_submit_message_timeout_ms, 5 s) until the trainer failed the
+// round over to a backup: a round of one or two results, not the star. Each is
+// raised to twice a scatter, (N-1) models over one link, and never lowered
+// below its default.
 struct LinkTimeouts {
   uint64_t failover_timeout_ms = 0;
   uint64_t request_to_submit_message_timeout_ms = 0;
@@ -1035,6 +1036,9 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr,
                      "round_bench: unknown --variant \"%s\"; known: %s\n",
                      name.c_str(), VariantNames().c_str());
+        for (const RoundVariant& variant : kVariants) {
+          std::fprintf(stderr, "  %s: %s\n", variant.name, variant.what);
+        }
         return 2;
       }
     } else {
