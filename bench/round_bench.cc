@@ -7,7 +7,7 @@
 //
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
-//               [--model-size 1KiB]
+//               [--model-size 1KiB] [--link-mbit N] [--variant star]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
 // runs a scraper thread that GETs every site's /metrics HZ times per second
@@ -18,6 +18,28 @@
 // 1 KiB); each size then also prints every daemon's peak resident memory
 // (VmHWM, read before the daemons stop) and the most any one held divided by
 // the model size, `peak_rss_over_model` (issue 13's memory budget).
+//
+// --link-mbit N (issue 13, item 4) runs every daemon in its own network
+// namespace behind a veth pair on a bridge (tests/support/netns.h; the bench
+// itself moves into the hub namespace that holds the bridge, so its calls
+// reach the sites), each site's link capped at N Mbit/s both ways by tc's
+// tbf on both ends of its veth pair. Before each job it times one model (at
+// most 10 s of link time, at least 1 MiB) from the first site to the second
+// and refuses to go on if that beat the cap by more than 5%. It then prints
+// `link_ratio`: the median round divided by the time one model takes over
+// one link at N Mbit/s (the star sends N-1 models out of one site and takes
+// N-1 in at another: about 2(N-1)). The job's liveness timeouts are scaled
+// to the links (TimeoutsForLink) and printed. It needs root; without it, or
+// where namespaces, veth pairs or tbf cannot be made, it exits 1 with "cannot
+// run link-limited mode: <why>", never falling back to loopback. The
+// namespaces, veth pairs, bridge and qdiscs are removed when the run ends,
+// fails or is interrupted (SIGINT, SIGTERM); a run killed outright leaves
+// them, and the next run (or fault test) removes those whose process is
+// gone.
+//
+// --variant NAME (default star) picks how a round moves models: each variant
+// is the set of job-config fields it sets (kVariants below); the name is
+// printed in every result line.
 //
 // --client defaults to ../cli/swarm-client next to this binary (the build
 // tree's layout). The job: the test learner with a 1 KiB model (256 F32) and
@@ -47,10 +69,12 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -86,6 +110,7 @@
 #include "rpc/tls.h"
 #include "security/provision.h"
 #include "tests/integration/http_get.h"
+#include "tests/support/netns.h"
 
 extern char** environ;
 
@@ -94,6 +119,45 @@ namespace {
 
 constexpr char kJobId[] = "round-bench";
 constexpr char kAdmin[] = "round-bench";
+
+// How a round moves models: the job-config fields a variant sets on top of
+// the bench's job. Later variants (pipelined broadcast of the learn task,
+// chain reduction of the results) add a row here once the job options they
+// set exist.
+struct RoundVariant {
+  const char* name;
+  const char* what;
+  void (*apply)(v1::JobConfig* job);
+};
+constexpr RoundVariant kVariants[] = {
+    {"star",
+     "the default round: the scattering site sends each trainer the model, "
+     "each trainer sends its result to the aggregator (sets no job field)",
+     [](v1::JobConfig*) {}},
+};
+
+const RoundVariant* FindVariant(absl::string_view name) {
+  for (const RoundVariant& variant : kVariants) {
+    if (name == variant.name) return &variant;
+  }
+  return nullptr;
+}
+
+std::string VariantNames() {
+  std::string names;
+  for (const RoundVariant& variant : kVariants) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", variant.name);
+  }
+  return names;
+}
+
+// Set by SIGINT or SIGTERM: the job wait stops, the daemons are stopped and
+// the namespaces removed as after any failure.
+std::atomic<bool> interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free,
+              "set from a signal handler");
+
+void OnInterrupt(int) { interrupted.store(true); }
 
 struct Options {
   std::string client;
@@ -107,7 +171,71 @@ struct Options {
   double scrape_hz = 0;
   // The test learner's model: one F32 tensor of this many bytes.
   uint64_t model_bytes = 1024;
+  // Each site's link capped at this many Mbit/s both ways, every site in its
+  // own network namespace (0: all on loopback, no cap).
+  int link_mbit = 0;
+  const RoundVariant* variant = &kVariants[0];
 };
+
+// The link shape of --link-mbit: tbf's rate is the cap; the burst and the
+// queue (latency) follow from it.
+// - burst: at least 64 KiB, because veth hands tbf TCP segments of up to
+//   64 KiB at once (GSO) and tbf must split a packet larger than its bucket;
+//   and at least 5 ms at the rate, so one timer wake-up releases a batch of
+//   packets instead of one (fewer wake-ups on a busy 2-core machine). It is
+//   the most a link can run ahead of the rate: 64 KiB over a 64 MiB model
+//   (at 100 Mbit/s) is 0.1%.
+// - latency 50 ms: the queue holds 50 ms of traffic at the rate. That is
+//   far more than the path's own round trip (well under 1 ms on veth), so
+//   TCP's halving of its window after a drop does not leave the link idle,
+//   even with one flow; and short enough that a small call's packet queued
+//   behind a model's packets waits at most 50 ms in tbf, far below the job's
+//   call deadlines (seconds).
+testing::LinkShape ShapeFor(int mbit) {
+  const uint64_t rate = static_cast<uint64_t>(mbit) * 1000000;
+  testing::LinkShape shape;
+  shape.rate_bits_per_second = rate;
+  shape.burst_bytes = std::max<uint64_t>(64 * 1024, rate / 8 / 200);
+  shape.latency = absl::Milliseconds(50);
+  return shape;
+}
+
+// The time one model of `bytes` takes over one link at `mbit` Mbit/s.
+double ModelOverLinkSeconds(uint64_t bytes, int mbit) {
+  return static_cast<double>(bytes) * 8 / (static_cast<double>(mbit) * 1e6);
+}
+
+// With --link-mbit: the job's liveness timeouts raised to what a scatter
+// takes over the capped links, so that they keep meaning "down or cut off"
+// rather than "still receiving". Their defaults assume a LAN: at 8 sites,
+// 64 MiB and 100 Mbit/s the scatterer's N-1 learn tasks share its link for
+// about 38 s, and with the defaults the scatter stopped waiting for every
+// remote trainer 5 s after its own (local) task was acknowledged
+// (failover_timeout_ms), and a trainer's requests to submit, sent while the
+// aggregator was still receiving its own task from the same site, timed out
+// (request_to_submit_message_timeout_ms, 5 s) until the trainer failed the
+// round over to a backup: a round of one or two results, not the star. Each is
+// raised to twice a scatter, (N-1) models over one link, and never lowered
+// below its default.
+struct LinkTimeouts {
+  uint64_t failover_timeout_ms = 0;
+  uint64_t request_to_submit_message_timeout_ms = 0;
+  uint64_t learn_task_ack_timeout_ms = 0;
+};
+
+LinkTimeouts TimeoutsForLink(const Options& options, int sites) {
+  const double scatter_s =
+      (sites - 1) *
+      ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
+  const uint64_t twice_scatter_ms = static_cast<uint64_t>(2000 * scatter_s);
+  LinkTimeouts timeouts;
+  timeouts.failover_timeout_ms = std::max<uint64_t>(5000, twice_scatter_ms);
+  timeouts.request_to_submit_message_timeout_ms =
+      std::max<uint64_t>(5000, twice_scatter_ms);
+  timeouts.learn_task_ack_timeout_ms =
+      std::max<uint64_t>(60000, twice_scatter_ms);
+  return timeouts;
+}
 
 struct Daemon {
   std::string name;
@@ -140,8 +268,11 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
 }
 
 // Starts `client --config config` with stdout on a pipe and stderr in
-// `log_path`; waits for its "listening on HOST:PORT" line.
-absl::Status Launch(const std::string& client, const std::string& config,
+// `log_path`; waits for its "listening on HOST:PORT" line. `prefix` (e.g.
+// `ip netns exec NS`), when not empty, runs the client: it must exec the
+// client in its own process, so that daemon->pid is the client's.
+absl::Status Launch(const std::vector<std::string>& prefix,
+                    const std::string& client, const std::string& config,
                     bool insecure, bool metrics, Daemon* daemon) {
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe failed");
@@ -153,12 +284,15 @@ absl::Status Launch(const std::string& client, const std::string& config,
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO,
                                    daemon->log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> args = {client, "--config", config};
+  std::vector<std::string> args = prefix;
+  for (const std::string& arg : {client, std::string("--config"), config}) {
+    args.push_back(arg);
+  }
   if (insecure) args.push_back("--insecure");
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  const int spawned = posix_spawn(&daemon->pid, client.c_str(), &actions,
+  const int spawned = posix_spawn(&daemon->pid, args[0].c_str(), &actions,
                                   nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
@@ -166,7 +300,7 @@ absl::Status Launch(const std::string& client, const std::string& config,
     close(out[0]);
     daemon->pid = -1;
     return absl::InternalError(
-        absl::StrCat("cannot start ", client, ": ", std::strerror(spawned)));
+        absl::StrCat("cannot start ", args[0], ": ", std::strerror(spawned)));
   }
   daemon->stdout_fd = out[0];
   std::string seen;
@@ -201,14 +335,37 @@ absl::Status Launch(const std::string& client, const std::string& config,
                    daemon->log_path, ")"));
 }
 
+// Waits until child `pid` ends, at most until `deadline`; reaps it and
+// returns true if it ended.
+bool WaitExit(pid_t pid, absl::Time deadline) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return waitpid(pid, nullptr, WNOHANG) == pid;
+  bool ended = false;
+  while (!ended) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) break;
+    pollfd fd{pidfd, POLLIN, 0};
+    ended = poll(&fd, 1, static_cast<int>(std::min<int64_t>(left, 1000))) > 0;
+  }
+  close(pidfd);
+  return ended && waitpid(pid, nullptr, 0) == pid;
+}
+
+// SIGTERM to every daemon; one that has not ended 20 s later gets SIGKILL.
 void Stop(std::vector<Daemon>& daemons) {
   for (Daemon& daemon : daemons) {
     if (daemon.pid > 0) kill(daemon.pid, SIGTERM);
   }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   for (Daemon& daemon : daemons) {
     if (daemon.pid > 0) {
-      int status = 0;
-      waitpid(daemon.pid, &status, 0);
+      if (!WaitExit(daemon.pid, deadline)) {
+        std::fprintf(stderr,
+                     "round_bench: %s did not stop on SIGTERM: killed\n",
+                     daemon.name.c_str());
+        kill(daemon.pid, SIGKILL);
+        waitpid(daemon.pid, nullptr, 0);
+      }
       daemon.pid = -1;
     }
     if (daemon.stdout_fd >= 0) {
@@ -419,7 +576,76 @@ struct SizeResult {
   int scrapes = 0;
   int scrape_failures = 0;
   double scrape_ms = 0;
+  // With --link-mbit: one model's raw transfer from the first site to the
+  // second before the job (0 bytes: not measured).
+  uint64_t link_check_bytes = 0;
+  double link_check_s = 0;
 };
+
+constexpr char kLinkRefusal[] = "cannot run link-limited mode: ";
+
+// The namespaces of one job with --link-mbit: one per site, each site's
+// link capped. Sets `addresses` to the sites' addresses (no port).
+absl::Status BuildLinkLimitedNetwork(const Options& options,
+                                     const std::vector<std::string>& names,
+                                     testing::Network* network,
+                                     std::vector<std::string>* addresses) {
+  if (absl::Status created = network->Create(); !created.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kLinkRefusal, "cannot make the bridge: ", created.message()));
+  }
+  const testing::LinkShape shape = ShapeFor(options.link_mbit);
+  for (size_t i = 0; i < names.size(); ++i) {
+    absl::StatusOr<std::string> address =
+        network->AddSite(names[i], static_cast<int>(i) + 1);
+    if (!address.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kLinkRefusal, "cannot make the namespace of ", names[i],
+                       ": ", address.status().message()));
+    }
+    if (absl::Status capped = network->CapBandwidth(names[i], shape);
+        !capped.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kLinkRefusal, "cannot cap the link of ", names[i],
+                       " with tbf: ", capped.message()));
+    }
+    addresses->push_back(*address);
+  }
+  return absl::OkStatus();
+}
+
+// Times one model (at most 10 s of link time, at least 1 MiB) from the
+// first site to the second on the idle network: a refusal naming the figures
+// if it beat the cap by more than 5% (the cap does not hold).
+absl::Status CheckLinkCap(const Options& options,
+                          const std::vector<std::string>& names,
+                          testing::Network* network, SizeResult* result) {
+  if (names.size() < 2) return absl::OkStatus();
+  const uint64_t ten_seconds =
+      static_cast<uint64_t>(options.link_mbit) * 1000000 / 8 * 10;
+  const uint64_t bytes = std::max<uint64_t>(
+      1 << 20, std::min<uint64_t>(options.model_bytes, ten_seconds));
+  const double at_cap = ModelOverLinkSeconds(bytes, options.link_mbit);
+  absl::StatusOr<absl::Duration> took = network->TimeTransfer(
+      names[0], names[1], bytes,
+      absl::Now() + absl::Seconds(10) + absl::Seconds(3 * at_cap));
+  if (!took.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kLinkRefusal,
+        "cannot send between two sites: ", took.status().message()));
+  }
+  result->link_check_bytes = bytes;
+  result->link_check_s = absl::ToDoubleSeconds(*took);
+  if (result->link_check_s < at_cap / 1.05) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%sthe cap does not hold: %s from %s to %s took %.3f s, %.1f Mbit/s "
+        "over a %d Mbit/s cap (%.3f s at the cap)",
+        kLinkRefusal, bench::HumanBytes(bytes), names[0], names[1],
+        result->link_check_s, bytes * 8 / result->link_check_s / 1e6,
+        options.link_mbit, at_cap));
+  }
+  return absl::OkStatus();
+}
 
 double Percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
@@ -484,22 +710,42 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     return absl::InternalError("mkdtemp failed");
   }
   const std::string dir = pattern;
+  // Destroyed last (after the daemons stopped): removes the namespaces, and
+  // with them the veth pairs and qdiscs, and the bridge.
+  std::unique_ptr<testing::Network> network;
   std::vector<Daemon> daemons(sites);
+  std::vector<std::string> names;
+  for (int i = 0; i < sites; ++i) {
+    names.push_back(absl::StrFormat("site-%02d", i));
+  }
+  SizeResult result;
+  result.sites = sites;
   absl::Status status = absl::OkStatus();
+  // Where each site listens (no port): its namespace's address with
+  // --link-mbit, else loopback.
+  std::vector<std::string> hosts(sites, "127.0.0.1");
+  if (options.link_mbit > 0) {
+    network = std::make_unique<testing::Network>(absl::StrCat("b", sites));
+    hosts.clear();
+    status = BuildLinkLimitedNetwork(options, names, network.get(), &hosts);
+    if (status.ok())
+      status = CheckLinkCap(options, names, network.get(), &result);
+  }
   // mTLS (the default): a CA, a certificate per site and one for this
-  // bench as the admin. Certificates name the host (127.0.0.1), not the
-  // port, so they can be issued before the daemons pick their ports.
+  // bench as the admin. Certificates name the host (127.0.0.1, or the
+  // site's namespace address), not the port, so they can be issued before
+  // the daemons pick their ports.
   const std::string pki = absl::StrCat(dir, "/pki");
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
-  if (!options.insecure) {
+  if (!options.insecure && status.ok()) {
     v1::JobConfig provisional;
     provisional.set_job_id(kJobId);
     provisional.set_num_rounds(1);
     for (int i = 0; i < sites; ++i) {
       v1::SiteInfo* info = provisional.add_sites();
-      info->set_name(absl::StrFormat("site-%02d", i));
-      info->set_address(absl::StrCat("127.0.0.1:", i + 1));
+      info->set_name(names[i]);
+      info->set_address(absl::StrCat(hosts[i], ":", i + 1));
     }
     security::ProvisionOptions provision;
     provision.admins = {kAdmin};
@@ -517,11 +763,11 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
   }
   for (int i = 0; i < sites && status.ok(); ++i) {
     Daemon& daemon = daemons[i];
-    daemon.name = absl::StrFormat("site-%02d", i);
+    daemon.name = names[i];
     daemon.log_path = absl::StrCat(dir, "/", daemon.name, ".log");
     v1::SiteConfig site;
     site.set_name(daemon.name);
-    site.set_listen_address("127.0.0.1:0");
+    site.set_listen_address(absl::StrCat(hosts[i], ":0"));
     site.set_workspace(absl::StrCat(dir, "/", daemon.name));
     site.mutable_learner()->set_kind("test");
     (*site.mutable_learner()->mutable_params())["size"] =
@@ -529,7 +775,9 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     if (!options.insecure) {
       site.set_tls_dir(absl::StrCat(pki, "/sites/", daemon.name));
     }
-    if (options.scrape_hz > 0) site.set_metrics_listen("127.0.0.1:0");
+    if (options.scrape_hz > 0) {
+      site.set_metrics_listen(absl::StrCat(hosts[i], ":0"));
+    }
     absl::StatusOr<std::string> json = ToJson(site);
     if (!json.ok()) {
       status = json.status();
@@ -538,12 +786,12 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     const std::string path = absl::StrCat(dir, "/", daemon.name, ".json");
     status = WriteFile(path, *json);
     if (status.ok()) {
-      status = Launch(options.client, path, options.insecure,
+      status = Launch(network != nullptr ? network->Exec(daemon.name, {})
+                                         : std::vector<std::string>{},
+                      options.client, path, options.insecure,
                       options.scrape_hz > 0, &daemon);
     }
   }
-  SizeResult result;
-  result.sites = sites;
   if (status.ok()) {
     v1::JobConfig job;
     job.set_job_id(kJobId);
@@ -557,11 +805,46 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     if (options.max_concurrent > 0) {
       job.set_max_concurrent_submissions(options.max_concurrent);
     }
+    if (options.link_mbit > 0) {
+      const LinkTimeouts timeouts = TimeoutsForLink(options, sites);
+      job.set_failover_timeout_ms(timeouts.failover_timeout_ms);
+      job.set_request_to_submit_message_timeout_ms(
+          timeouts.request_to_submit_message_timeout_ms);
+      job.set_learn_task_ack_timeout_ms(timeouts.learn_task_ack_timeout_ms);
+      std::printf(
+          "sites=%d job timeouts scaled to the link: failover_timeout_ms=%llu "
+          "request_to_submit_message_timeout_ms=%llu "
+          "learn_task_ack_timeout_ms=%llu\n",
+          sites, static_cast<unsigned long long>(timeouts.failover_timeout_ms),
+          static_cast<unsigned long long>(
+              timeouts.request_to_submit_message_timeout_ms),
+          static_cast<unsigned long long>(timeouts.learn_task_ack_timeout_ms));
+      std::fflush(stdout);
+    }
+    options.variant->apply(&job);
     absl::StatusOr<std::string> json = ToJson(job);
     if (json.ok()) {
       status = WriteFile(absl::StrCat(dir, "/job.json"), *json);
     } else {
       status = json.status();
+    }
+    // A round's allowance: 5 s, and with --link-mbit three times what the
+    // star's 2(N-1) models over one link take.
+    absl::Duration per_round = absl::Seconds(5);
+    // The deadline of a Configure or Status call. With --link-mbit a reply
+    // crosses a link that model streams keep full: tbf's queue drops some
+    // of its packets, and TCP resends them after its retransmission timeout
+    // (1 s, doubling).
+    absl::Duration call_deadline = absl::Seconds(10);
+    // Start answers once the first round's learn tasks are out, at most at
+    // the call's deadline: with --link-mbit that is a whole scatter.
+    absl::Duration start_deadline = absl::Seconds(10);
+    if (options.link_mbit > 0) {
+      per_round += absl::Seconds(
+          3 * 2 * sites *
+          ModelOverLinkSeconds(options.model_bytes, options.link_mbit));
+      call_deadline = absl::Seconds(60);
+      start_deadline = per_round;
     }
     std::vector<std::unique_ptr<v1::Peer::Stub>> stubs;
     for (const Daemon& daemon : daemons) {
@@ -570,7 +853,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     for (int i = 0; i < sites && status.ok(); ++i) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline));
       v1::ConfigureRequest request;
       request.set_sender(kAdmin);
       *request.mutable_job() = job;
@@ -588,7 +871,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     const absl::Time start = absl::Now();
     if (status.ok()) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + start_deadline));
       v1::StartRequest request;
       request.set_sender(kAdmin);
       request.set_job_id(kJobId);
@@ -601,13 +884,12 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     // Wait until every site is done.
     const absl::Time deadline =
-        absl::Now() + absl::Seconds(30) + absl::Seconds(options.rounds * 5);
+        absl::Now() + absl::Seconds(30) + options.rounds * per_round;
     for (int i = 0; i < sites && status.ok(); ++i) {
       uint64_t version = 0;
       while (true) {
         grpc::ClientContext context;
-        context.set_deadline(
-            absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+        context.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline));
         v1::StatusRequest request;
         request.set_job_id(kJobId);
         request.set_sender(kAdmin);
@@ -627,6 +909,10 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
           status = absl::InternalError(absl::StrCat(
               daemons[i].name, " ended ", v1::SiteState_Name(state), ": ",
               reply.status().last_error()));
+          break;
+        }
+        if (interrupted.load()) {
+          status = absl::CancelledError("interrupted (SIGINT or SIGTERM)");
           break;
         }
         if (absl::Now() > deadline) {
@@ -737,13 +1023,40 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr, "round_bench: bad --scrape-hz (0..1000)\n");
         return 2;
       }
+    } else if (arg == "--link-mbit") {
+      if (!absl::SimpleAtoi(value(), &options.link_mbit) ||
+          options.link_mbit < 1 || options.link_mbit > 100000) {
+        std::fprintf(stderr, "round_bench: bad --link-mbit (1..100000)\n");
+        return 2;
+      }
+    } else if (arg == "--variant") {
+      const std::string name = value();
+      options.variant = FindVariant(name);
+      if (options.variant == nullptr) {
+        std::fprintf(stderr,
+                     "round_bench: unknown --variant \"%s\"; known: %s\n",
+                     name.c_str(), VariantNames().c_str());
+        for (const RoundVariant& variant : kVariants) {
+          std::fprintf(stderr, "  %s: %s\n", variant.name, variant.what);
+        }
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: round_bench [--client PATH] [--sites 2,4,8,16] "
                    "[--rounds 20] [--max-concurrent N] [--insecure] "
-                   "[--keep] [--scrape-hz HZ]\n");
+                   "[--keep] [--scrape-hz HZ] [--model-size 1KiB] "
+                   "[--link-mbit N] [--variant %s]\n",
+                   VariantNames().c_str());
       return 2;
     }
+  }
+  if (options.link_mbit > 0 &&
+      *std::max_element(options.sizes.begin(), options.sizes.end()) > 200) {
+    std::fprintf(stderr,
+                 "round_bench: --link-mbit runs at most 200 sites (one /24 "
+                 "of addresses)\n");
+    return 2;
   }
   if (access(options.client.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "round_bench: no swarm-client at %s (use --client)\n",
@@ -751,14 +1064,50 @@ int Run(int argc, char** argv) {
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction on_interrupt = {};
+  on_interrupt.sa_handler = OnInterrupt;
+  sigemptyset(&on_interrupt.sa_mask);
+  sigaction(SIGINT, &on_interrupt, nullptr);
+  sigaction(SIGTERM, &on_interrupt, nullptr);
+  // Leaves the hub namespace and deletes it (and whatever a failed size left
+  // in this run's namespaces) on every return below.
+  struct LabExit {
+    bool entered = false;
+    ~LabExit() {
+      if (entered) testing::NetnsLab::Get().Leave();
+    }
+  } lab_exit;
+  if (options.link_mbit > 0) {
+    // Before any other thread exists (gRPC starts its own with the first
+    // channel): only the calling thread moves into the hub.
+    testing::NetnsLab& lab = testing::NetnsLab::Get();
+    lab.Enter();
+    lab_exit.entered = true;
+    if (!lab.unavailable().empty()) {
+      std::fprintf(stderr, "round_bench: %s%s\n", kLinkRefusal,
+                   lab.unavailable().c_str());
+      return 1;
+    }
+  }
   std::printf(
       "round_bench: swarm-client %s, %s model (one F32 tensor), test "
-      "learner, %d rounds per job, %s\n",
+      "learner, %d rounds per job, %s, variant %s\n",
       options.client.c_str(), bench::HumanBytes(options.model_bytes).c_str(),
-      options.rounds,
-      options.insecure ? "plaintext (--insecure)" : "mTLS");
+      options.rounds, options.insecure ? "plaintext (--insecure)" : "mTLS",
+      options.variant->name);
+  if (options.link_mbit > 0) {
+    const testing::LinkShape shape = ShapeFor(options.link_mbit);
+    std::printf(
+        "link-limited: every site in its own network namespace, its link "
+        "capped at %d Mbit/s both ways (tbf burst %s, latency %s); one model "
+        "over one link: %.4g s\n",
+        options.link_mbit, bench::HumanBytes(shape.burst_bytes).c_str(),
+        absl::FormatDuration(shape.latency).c_str(),
+        ModelOverLinkSeconds(options.model_bytes, options.link_mbit));
+  }
   std::fflush(stdout);
   std::map<int, double> medians;
+  std::map<int, double> link_ratios;  // With --link-mbit.
   for (int sites : options.sizes) {
     absl::StatusOr<SizeResult> result = RunSize(options, sites);
     if (!result.ok()) {
@@ -768,11 +1117,22 @@ int Run(int argc, char** argv) {
     }
     const double median = Median(result->round_ms);
     medians[sites] = median;
+    if (result->link_check_bytes > 0) {
+      const double at_cap =
+          ModelOverLinkSeconds(result->link_check_bytes, options.link_mbit);
+      std::printf(
+          "sites=%d link_check: %s from site-00 to site-01 in %.3f s, %.1f "
+          "Mbit/s (%.3f s at the %d Mbit/s cap: measured / cap time %.3f)\n",
+          sites, bench::HumanBytes(result->link_check_bytes).c_str(),
+          result->link_check_s,
+          result->link_check_bytes * 8 / result->link_check_s / 1e6, at_cap,
+          options.link_mbit, result->link_check_s / at_cap);
+    }
     std::printf(
-        "sites=%d rounds=%d round_ms median=%.1f min=%.1f p90=%.1f max=%.1f "
-        "job_ms=%.0f cpu_ms_per_round=%.1f max_threads_per_daemon=%d "
+        "sites=%d variant=%s rounds=%d round_ms median=%.1f min=%.1f p90=%.1f "
+        "max=%.1f job_ms=%.0f cpu_ms_per_round=%.1f max_threads_per_daemon=%d "
         "loadavg=%s\n",
-        sites, options.rounds, median,
+        sites, options.variant->name, options.rounds, median,
         *std::min_element(result->round_ms.begin(), result->round_ms.end()),
         Percentile(result->round_ms, 0.9),
         *std::max_element(result->round_ms.begin(), result->round_ms.end()),
@@ -789,6 +1149,17 @@ int Run(int argc, char** argv) {
           sites, most / 1048576.0, Median(mib),
           static_cast<double>(most) / static_cast<double>(options.model_bytes));
     }
+    if (options.link_mbit > 0) {
+      const double model_s =
+          ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
+      link_ratios[sites] = median / 1000 / model_s;
+      std::printf(
+          "sites=%d variant=%s link_mbit=%d model_over_link_s=%.4g "
+          "round_s_median=%.3f link_ratio=%.2f (median round / one model over "
+          "one link; the star's is about 2(N-1) = %d)\n",
+          sites, options.variant->name, options.link_mbit, model_s,
+          median / 1000, link_ratios[sites], 2 * (sites - 1));
+    }
     if (options.scrape_hz > 0) {
       std::printf(
           "scrape_hz=%g scrapes=%d failed=%d mean_scrape_ms=%.2f (every "
@@ -803,6 +1174,10 @@ int Run(int argc, char** argv) {
     std::printf("round_ms_16=%.1f\n", medians[16]);
   } else {
     std::printf("round_ms_%d=%.1f\n", last, medians[last]);
+  }
+  if (options.link_mbit > 0) {
+    std::printf("link_ratio_%s_%d=%.2f\n", options.variant->name, last,
+                link_ratios[last]);
   }
   return 0;
 }

@@ -52,9 +52,9 @@
 #include "config/election.h"
 #include "gtest/gtest.h"
 #include "model/model.h"
-#include "tests/faults/netns.h"
 #include "tests/faults/netns_swarm.h"
 #include "tests/integration/local_swarm.h"
+#include "tests/support/netns.h"
 
 namespace swarm::testing {
 namespace {

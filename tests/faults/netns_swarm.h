@@ -24,8 +24,8 @@
 #include "absl/time/time.h"
 #include "proto/swarm.grpc.pb.h"
 #include "proto/swarm.pb.h"
-#include "tests/faults/netns.h"
-#include "tests/integration/process.h"
+#include "tests/support/netns.h"
+#include "tests/support/process.h"
 
 namespace swarm::testing {
 

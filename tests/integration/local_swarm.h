@@ -25,7 +25,7 @@
 #include "proto/swarm.pb.h"
 #include "rpc/tls.h"
 #include "security/certificates.h"
-#include "tests/integration/process.h"
+#include "tests/support/process.h"
 
 namespace swarm::testing {
 

@@ -1,20 +1,22 @@
-// Network namespaces for the fault tests: a hub namespace holding a bridge,
-// and one namespace per site joined to the bridge by a veth pair, each with
-// its own address; plus the faults (link down, random loss, bandwidth cap,
-// partitions) applied inside those namespaces only. Nothing touches the root
-// namespace's interfaces, addresses, routes or firewall.
+// Network namespaces for the fault tests (tests/faults) and round_bench's
+// link-limited mode (bench/round_bench --link-mbit): a hub namespace holding
+// a bridge, and one namespace per site joined to the bridge by a veth pair,
+// each with its own address; plus the faults (link down, random loss,
+// bandwidth cap, partitions) applied inside those namespaces only. Nothing
+// touches the root namespace's interfaces, addresses, routes or firewall.
 //
-// NetnsLab is process-wide. Its Enter() (called once, from a gtest
-// environment, before any other thread exists) removes namespaces a crashed
-// earlier run left behind, creates this run's hub namespace
-// "swft<pid>-hub" and moves the test process's (only) thread into it, so
-// every thread and child the tests start later (gRPC's threads, swarmctl,
-// the daemons before `ip netns exec` moves them) lives there and reaches the
-// sites over the bridge. Leave() moves back and deletes the hub. When it
-// cannot be done (not root, no `ip`, namespaces or veth unavailable) it
-// records why, and every test skips with that reason.
-#ifndef SWARM_TESTS_FAULTS_NETNS_H_
-#define SWARM_TESTS_FAULTS_NETNS_H_
+// NetnsLab is process-wide. Its Enter() (called once, before any other
+// thread exists: the fault tests call it from a gtest environment,
+// round_bench first thing in main) removes namespaces a crashed earlier run
+// left behind, creates this run's hub namespace "swft<pid>-hub" and moves the
+// process's (only) thread into it, so every thread and child the process
+// starts later (gRPC's threads, swarmctl, the daemons before `ip netns exec`
+// moves them) lives there and reaches the sites over the bridge. Leave()
+// moves back and deletes the hub. When it cannot be done (not root, no `ip`,
+// namespaces or veth unavailable) it records why, and the caller skips (the
+// tests) or refuses to run (the bench) with that reason.
+#ifndef SWARM_TESTS_SUPPORT_NETNS_H_
+#define SWARM_TESTS_SUPPORT_NETNS_H_
 
 #include <cstdint>
 #include <string>
@@ -39,7 +41,8 @@ class NetnsLab {
   void Enter();
   void Leave();
 
-  // Empty when the lab is usable, else why not (for GTEST_SKIP).
+  // Empty when the lab is usable, else why not (for GTEST_SKIP, or the
+  // bench's refusal).
   const std::string& unavailable() const { return unavailable_; }
   // "swft<pid>": every namespace of this run starts with it.
   const std::string& prefix() const { return prefix_; }
@@ -61,6 +64,16 @@ class NetnsLab {
   std::string ip_, iptables_, tc_;
   int home_fd_ = -1;  // The root namespace, to go back to.
   bool entered_ = false;
+};
+
+// How tc's token bucket filter (tbf) shapes one direction of a link: at most
+// `rate_bits_per_second` on average, bursts of at most `burst_bytes` at line
+// speed, and packets that would wait longer than `latency` in its queue
+// dropped (the queue holds rate x latency + burst bytes).
+struct LinkShape {
+  uint64_t rate_bits_per_second = 0;
+  uint64_t burst_bytes = 0;
+  absl::Duration latency;
 };
 
 // One test's network: a bridge in the hub with address 10.77.0.1/24 (where
@@ -98,11 +111,25 @@ class Network {
   // Caps the site's link at `rate` (e.g. "10mbit") both ways: tbf on the
   // site's egress and on the hub's egress towards it.
   absl::Status CapBandwidth(const std::string& site, const std::string& rate);
+  // The same with an explicit shape (both ways alike).
+  absl::Status CapBandwidth(const std::string& site, const LinkShape& shape);
   // Drops every packet between `site` and each of `others` (both ways, at
   // `site`); the test's own address stays reachable. Heal removes them.
   absl::Status Partition(const std::string& site,
                          const std::vector<std::string>& others);
   absl::Status Heal(const std::string& site);
+
+  // --- Measurements.
+  // Sends `bytes` over one TCP connection from site `from` to site `to` and
+  // returns the time from the connection's first byte sent to its last byte
+  // received: what the path between them (both sites' links, with their
+  // caps) carries. The sockets are made in the sites' namespaces; the
+  // transfer runs on the calling thread, which stays in its own namespace.
+  // DeadlineExceeded at `deadline`.
+  absl::StatusOr<absl::Duration> TimeTransfer(const std::string& from,
+                                              const std::string& to,
+                                              uint64_t bytes,
+                                              absl::Time deadline);
 
   // Human-readable state of the faults (iptables and tc of every site), for
   // failure messages.
@@ -112,6 +139,10 @@ class Network {
   absl::Status Ip(const std::vector<std::string>& args);
   absl::Status InSite(const std::string& site,
                       const std::vector<std::string>& argv);
+  // tbf with `params` (after "root tbf") on the site's egress and on the
+  // hub's egress towards it.
+  absl::Status AddTbf(const std::string& site,
+                      const std::vector<std::string>& params);
 
   std::string tag_;
   bool bridge_ = false;
@@ -126,4 +157,4 @@ class Network {
 
 }  // namespace swarm::testing
 
-#endif  // SWARM_TESTS_FAULTS_NETNS_H_
+#endif  // SWARM_TESTS_SUPPORT_NETNS_H_

@@ -1,10 +1,10 @@
-// A small process harness for the integration tests: starts a program with
-// fork/exec, reads lines from its stdout, sends it signals and waits for it,
-// all with deadlines. A child dies with the test process (PR_SET_PDEATHSIG),
-// and a Process still running when destroyed is killed and reaped, so no
-// daemon outlives a test.
-#ifndef SWARM_TESTS_INTEGRATION_PROCESS_H_
-#define SWARM_TESTS_INTEGRATION_PROCESS_H_
+// A small process harness for the tests (and the benches): starts a program
+// with fork/exec, reads lines from its stdout, sends it signals and waits for
+// it, all with deadlines. A child dies with the test process
+// (PR_SET_PDEATHSIG), and a Process still running when destroyed is killed and
+// reaped, so no daemon outlives a test.
+#ifndef SWARM_TESTS_SUPPORT_PROCESS_H_
+#define SWARM_TESTS_SUPPORT_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -90,4 +90,4 @@ std::string LastLines(const std::string& text, int lines);
 
 }  // namespace swarm::testing
 
-#endif  // SWARM_TESTS_INTEGRATION_PROCESS_H_
+#endif  // SWARM_TESTS_SUPPORT_PROCESS_H_

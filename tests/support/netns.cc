@@ -1,15 +1,21 @@
-#include "tests/faults/netns.h"
+#include "tests/support/netns.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -19,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "tests/integration/process.h"
+#include "tests/support/process.h"
 
 namespace swarm::testing {
 namespace {
@@ -109,7 +115,9 @@ void NetnsLab::Enter() {
   iptables_ = FindTool("iptables");
   tc_ = FindTool("tc");
   if (geteuid() != 0) {
-    unavailable_ = "not root: the fault tests create network namespaces";
+    unavailable_ =
+        "not root: creating network namespaces, veth pairs and qdiscs needs "
+        "root";
     return;
   }
   if (ip_.empty() || iptables_.empty() || tc_.empty()) {
@@ -123,7 +131,7 @@ void NetnsLab::Enter() {
   // setns moves only the calling thread; threads started later inherit it.
   // So this must run while the process has no other thread.
   if (const int threads = ThreadCount(); threads != 1) {
-    unavailable_ = absl::StrCat("the test process already runs ", threads,
+    unavailable_ = absl::StrCat("the process already runs ", threads,
                                 " threads; cannot move it into a namespace");
     return;
   }
@@ -323,20 +331,39 @@ absl::StatusOr<int64_t> Network::LossDrops(const std::string& site) {
   return drops;
 }
 
-absl::Status Network::CapBandwidth(const std::string& site,
-                                   const std::string& rate) {
+absl::Status Network::AddTbf(const std::string& site,
+                             const std::vector<std::string>& params) {
   const Site* s = Find(site);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("no site ", site));
   NetnsLab& lab = NetnsLab::Get();
-  const std::vector<std::string> tbf = {"root",  "tbf",    "rate",    rate,
-                                        "burst", "32kbit", "latency", "400ms"};
-  std::vector<std::string> egress = {lab.tc(), "qdisc", "add", "dev", "eth0"};
-  egress.insert(egress.end(), tbf.begin(), tbf.end());
+  std::vector<std::string> egress = {lab.tc(), "qdisc", "add", "dev",
+                                     "eth0",   "root",  "tbf"};
+  egress.insert(egress.end(), params.begin(), params.end());
   if (absl::Status st = InSite(site, egress); !st.ok()) return st;
-  std::vector<std::string> ingress = {lab.tc(), "-n",  lab.hub(), "qdisc",
-                                      "add",    "dev", s->hub_dev};
-  ingress.insert(ingress.end(), tbf.begin(), tbf.end());
+  std::vector<std::string> ingress = {lab.tc(),   "-n",   lab.hub(),
+                                      "qdisc",    "add",  "dev",
+                                      s->hub_dev, "root", "tbf"};
+  ingress.insert(ingress.end(), params.begin(), params.end());
   return RunTool(ingress);
+}
+
+absl::Status Network::CapBandwidth(const std::string& site,
+                                   const std::string& rate) {
+  return AddTbf(site, {"rate", rate, "burst", "32kbit", "latency", "400ms"});
+}
+
+absl::Status Network::CapBandwidth(const std::string& site,
+                                   const LinkShape& shape) {
+  if (shape.rate_bits_per_second == 0 || shape.burst_bytes == 0 ||
+      shape.latency <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "a link shape needs a rate, a burst and a latency");
+  }
+  // tc reads a bare size as bytes; "bit" is bits per second.
+  return AddTbf(
+      site, {"rate", absl::StrCat(shape.rate_bits_per_second, "bit"), "burst",
+             absl::StrCat(shape.burst_bytes), "latency",
+             absl::StrCat(absl::ToInt64Microseconds(shape.latency), "us")});
 }
 
 absl::Status Network::Partition(const std::string& site,
@@ -375,6 +402,145 @@ absl::Status Network::Partition(const std::string& site,
 absl::Status Network::Heal(const std::string& site) {
   return InSite(site,
                 {NetnsLab::Get().iptables(), "-w", "-F", "swarm-partition"});
+}
+
+namespace {
+
+// Closes a file descriptor when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// A non-blocking TCP socket in network namespace `ns`. A socket belongs to
+// the namespace of the thread that made it, for life; so a short thread
+// enters `ns`, makes it and ends, and the caller never leaves its own.
+absl::StatusOr<int> TcpSocketIn(const std::string& ns) {
+  absl::StatusOr<int> result = absl::InternalError("not run");
+  std::thread maker([&ns, &result] {
+    const std::string path = absl::StrCat("/run/netns/", ns);
+    Fd ns_fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (ns_fd.get() < 0) {
+      result = Errno(absl::StrCat("open ", path));
+      return;
+    }
+    if (setns(ns_fd.get(), CLONE_NEWNET) != 0) {
+      result = Errno(absl::StrCat("setns ", path));
+      return;
+    }
+    const int fd =
+        socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    result = fd >= 0 ? absl::StatusOr<int>(fd) : Errno("socket");
+  });
+  maker.join();
+  return result;
+}
+
+// poll() on `fds` until one is ready or `deadline`.
+absl::Status PollUntil(std::vector<pollfd>& fds, absl::Time deadline,
+                       const std::string& what) {
+  while (true) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat("timed out ", what));
+    }
+    const int ready = poll(fds.data(), fds.size(),
+                           static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno != EINTR) return Errno(absl::StrCat("poll ", what));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Duration> Network::TimeTransfer(const std::string& from,
+                                                     const std::string& to,
+                                                     uint64_t bytes,
+                                                     absl::Time deadline) {
+  const Site* sender = Find(from);
+  const Site* receiver = Find(to);
+  if (sender == nullptr || receiver == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no site ", from, " or ", to));
+  }
+  absl::StatusOr<int> listen_fd = TcpSocketIn(receiver->ns);
+  if (!listen_fd.ok()) return listen_fd.status();
+  Fd listener(*listen_fd);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = 0;  // Any free port of the receiver's namespace.
+  if (inet_pton(AF_INET, receiver->address.c_str(), &address.sin_addr) != 1) {
+    return absl::InternalError(absl::StrCat("bad address ", receiver->address));
+  }
+  socklen_t length = sizeof(address);
+  if (bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length) !=
+          0 ||
+      listen(listener.get(), 1) != 0 ||
+      getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address),
+                  &length) != 0) {
+    return Errno(absl::StrCat("listen on ", receiver->address));
+  }
+  absl::StatusOr<int> send_fd = TcpSocketIn(sender->ns);
+  if (!send_fd.ok()) return send_fd.status();
+  Fd out(*send_fd);
+  if (connect(out.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 &&
+      errno != EINPROGRESS) {
+    return Errno(absl::StrCat("connect ", from, " to ", to));
+  }
+  std::vector<pollfd> accepting = {{listener.get(), POLLIN, 0}};
+  if (absl::Status s = PollUntil(accepting, deadline, "accepting"); !s.ok()) {
+    return s;
+  }
+  Fd in(
+      accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+  if (in.get() < 0) return Errno("accept");
+
+  // Both ends on this thread, each moved when poll says it can be. The
+  // bytes' values do not matter: one buffer serves both.
+  std::vector<char> buffer(1 << 20);
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  const absl::Time start = absl::Now();
+  while (received < bytes) {
+    const short want_out = sent < bytes ? POLLOUT : 0;
+    std::vector<pollfd> fds = {{in.get(), POLLIN, 0}, {out.get(), want_out, 0}};
+    if (absl::Status s = PollUntil(fds, deadline, "transferring"); !s.ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(s.message(), ": ", received, " of ", bytes,
+                       " bytes arrived from ", from, " at ", to));
+    }
+    if ((fds[1].revents & (POLLOUT | POLLERR | POLLHUP)) != 0) {
+      const ssize_t n = send(
+          out.get(), buffer.data(),
+          static_cast<size_t>(std::min<uint64_t>(buffer.size(), bytes - sent)),
+          MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) return Errno("send");
+      if (n > 0) sent += static_cast<uint64_t>(n);
+    }
+    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      const ssize_t n = recv(in.get(), buffer.data(), buffer.size(), 0);
+      if (n == 0) return absl::InternalError("connection closed early");
+      if (n < 0 && errno != EAGAIN && errno != EINTR) return Errno("recv");
+      if (n > 0) received += static_cast<uint64_t>(n);
+    }
+  }
+  return absl::Now() - start;
 }
 
 std::string Network::Describe() {
