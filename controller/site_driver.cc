@@ -232,9 +232,8 @@ void SiteDriver::Carry(Effects& effects) {
       });
     } else if (auto* run = std::get_if<effect::RunAggregation>(&effect)) {
       // Outside the lock: the closed round is this task's alone.
-      runner_->Post([this, run = std::move(*run)] {
-        Feed(RunAggregationWork(run));
-      });
+      runner_->Post(
+          [this, run = std::move(*run)] { Feed(RunAggregationWork(run)); });
     } else if (auto* timer = std::get_if<effect::SetTimer>(&effect)) {
       runner_->PostAt(timer->when, [this, id = timer->timer] {
         Feed(event::TimerFired{id});

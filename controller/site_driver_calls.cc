@@ -37,6 +37,12 @@ v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
   }
   const RequestId id = NewRequest();
   std::string offload_dir = store_->OffloadDir(job.job_id());
+  if (!offload_dir.empty() && job.lean_memory_min_model_bytes() > 0) {
+    // Lean memory: a freed block of a model this large is given back, not
+    // kept idle for the next one (it would count against the site's memory
+    // while most of its models are file mappings).
+    SetHeapStorageRecycleLimit(job.lean_memory_min_model_bytes() - 1);
+  }
   return Ask(event::Configure{id, std::move(job), std::move(offload_dir)}, id);
 }
 

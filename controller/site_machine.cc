@@ -530,10 +530,10 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
       // gone once mapped: its pages are given back after training, writing
       // and sending (SiteDriver), and come back from the file when read.
       admission.sink = std::make_unique<DiskSink>(
-          LeanPath(absl::StrCat(
-              header.kind() == v1::MODEL_KIND_LEARN_TASK ? "learn-task"
-                                                          : "final",
-              "-r", header.round())),
+          LeanPath(absl::StrCat(header.kind() == v1::MODEL_KIND_LEARN_TASK
+                                    ? "learn-task"
+                                    : "final",
+                                "-r", header.round())),
           DiskSink::Keep::kUnlinkWhenMapped);
     }
     answer = std::move(admission);

@@ -77,9 +77,8 @@ uint64_t ResidentBytes() {
 }
 
 TEST(ModelTest, MappedModelGivesItsPagesBackAndReadsThemAgain) {
-  const std::string path =
-      std::string(::testing::TempDir()) + "/release_" +
-      std::to_string(getpid()) + ".safetensors";
+  const std::string path = std::string(::testing::TempDir()) + "/release_" +
+                           std::to_string(getpid()) + ".safetensors";
   const std::vector<TensorSpec> specs = {
       *MakeTensorSpec("w", v1::DTYPE_F32, {8, 1 << 20})};  // 32 MiB
   {
