@@ -247,6 +247,32 @@ TEST(SimTest, LostLearnTaskClosesAtGraceTimeNotTimeout) {
       all);
 }
 
+TEST(SimTest, SlowLearnTasksAreWaitedForPastTheScatterersOwnAck) {
+  // Every learn task takes twice the failover timeout to stream (a large
+  // model on a slow link). The scatterer, a trainer too, acknowledges its
+  // own task at once; that must not start the grace after which trainers
+  // still receiving are dropped: every trainer is in every round.
+  // Four sites: weights 1, 3, 1, 3 total a power of two (exact means).
+  Sim sim(Config(4, 3, [](v1::JobConfig* job) {
+    job->set_failover_timeout_ms(5000);
+    job->set_learn_task_ack_timeout_ms(60000);
+  }));
+  sim.network().AddDelay(Calls(CallKind::kLearnTask), absl::Milliseconds(5),
+                         absl::Seconds(10));
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    EXPECT_THAT(sim.Status(i).last_error(),
+                ::testing::Not(HasSubstr("not acknowledged")))
+        << Sim::Name(i);
+  }
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return all; }, all);
+}
+
 TEST(SimTest, BelowMinimumClosesAtRoundTimeout) {
   // Two of five trainers lose round 1's task; the minimum (4) is never
   // reached: the round closes exactly round_timeout after it opened, and

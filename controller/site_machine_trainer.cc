@@ -83,10 +83,17 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
   } else {
     scatter.missed[call.target] = std::string(status.message());
   }
-  if (status.ok() && scatter.acked.size() == 1 && !scatter.waiting.empty()) {
+  const auto remote = [this](const std::string& site) {
+    return site != options_.site;
+  };
+  if (status.ok() && remote(call.target) &&
+      std::count_if(scatter.acked.begin(), scatter.acked.end(), remote) == 1 &&
+      !scatter.waiting.empty()) {
     // The tasks stream in parallel: a trainer still silent a failover
     // timeout after the first one acknowledged is down, frozen or cut off,
-    // and the round does not wait for it.
+    // and the round does not wait for it. Only another site's
+    // acknowledgement counts: this site's own comes at once, and a large
+    // model may take the others longer than a failover timeout to receive.
     Timer timer;
     timer.purpose = Timer::Purpose::kScatterGrace;
     timer.round = call.round;

@@ -163,11 +163,13 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
             Authorize(context, "Start", Rule::kAdmin, request->sender(), &slot);
         if (!allowed.ok()) return allowed;
         // Waits for the first round's learn tasks to be out, at most until
-        // the call's deadline (an hour without one).
+        // shortly before the call's deadline (an hour without one), so that
+        // the "start goes on" answer reaches the caller in time.
         absl::Time deadline = absl::Now() + absl::Hours(1);
         if (context->deadline() !=
             std::chrono::system_clock::time_point::max()) {
-          deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+          deadline = std::min(deadline, absl::FromChrono(context->deadline()) -
+                                            kDeadlineMargin);
         }
         *reply = controller_->Start(*request, deadline);
         return grpc::Status::OK;
