@@ -16,21 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "security/openssl_owned.h"
 
 namespace swarm::security {
 namespace {
-
-struct Deleter {
-  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
-  void operator()(X509* p) const { X509_free(p); }
-  void operator()(BIO* p) const { BIO_free(p); }
-  void operator()(BIGNUM* p) const { BN_free(p); }
-  void operator()(ASN1_TIME* p) const { ASN1_TIME_free(p); }
-  void operator()(X509_EXTENSION* p) const { X509_EXTENSION_free(p); }
-  void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
-};
-template <typename T>
-using Owned = std::unique_ptr<T, Deleter>;
 
 // The OpenSSL error queue, emptied into a status.
 absl::Status OpenSslError(absl::string_view what) {

@@ -21,6 +21,7 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "security/certificates.h"
+#include "security/openssl_owned.h"
 
 namespace swarm::security {
 namespace {
@@ -30,18 +31,6 @@ using google::protobuf::Message;
 using google::protobuf::Reflection;
 
 constexpr size_t kSha256Size = 32;
-
-struct Deleter {
-  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
-  void operator()(X509* p) const { X509_free(p); }
-  void operator()(X509_STORE* p) const { X509_STORE_free(p); }
-  void operator()(X509_STORE_CTX* p) const { X509_STORE_CTX_free(p); }
-  void operator()(BIO* p) const { BIO_free(p); }
-  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
-  void operator()(ECDSA_SIG* p) const { ECDSA_SIG_free(p); }
-};
-template <typename T>
-using Owned = std::unique_ptr<T, Deleter>;
 
 // The OpenSSL error queue, emptied (so that it does not leak into the next
 // caller's error on this thread) and joined for a message.

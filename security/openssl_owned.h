@@ -1,0 +1,37 @@
+// Owning pointers to OpenSSL objects, for the .cc files of security/ (the
+// only layer that sees OpenSSL). Internal: not for the layers above.
+#ifndef SWARM_SECURITY_OPENSSL_OWNED_H_
+#define SWARM_SECURITY_OPENSSL_OWNED_H_
+
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/ec.h>
+#include <openssl/evp.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <memory>
+
+namespace swarm::security {
+
+struct OpenSslDeleter {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+  void operator()(X509* p) const { X509_free(p); }
+  void operator()(X509_STORE* p) const { X509_STORE_free(p); }
+  void operator()(X509_STORE_CTX* p) const { X509_STORE_CTX_free(p); }
+  void operator()(BIO* p) const { BIO_free(p); }
+  void operator()(BIGNUM* p) const { BN_free(p); }
+  void operator()(ASN1_TIME* p) const { ASN1_TIME_free(p); }
+  void operator()(X509_EXTENSION* p) const { X509_EXTENSION_free(p); }
+  void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+  void operator()(ECDSA_SIG* p) const { ECDSA_SIG_free(p); }
+};
+
+// An OpenSSL object freed with its own free function.
+template <typename T>
+using Owned = std::unique_ptr<T, OpenSslDeleter>;
+
+}  // namespace swarm::security
+
+#endif  // SWARM_SECURITY_OPENSSL_OWNED_H_
