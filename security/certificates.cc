@@ -23,13 +23,7 @@ namespace {
 
 // The OpenSSL error queue, emptied into a status.
 absl::Status OpenSslError(absl::string_view what) {
-  std::string detail;
-  while (unsigned long code = ERR_get_error()) {
-    char buffer[256];
-    ERR_error_string_n(code, buffer, sizeof(buffer));
-    if (!detail.empty()) detail += "; ";
-    detail += buffer;
-  }
+  const std::string detail = DrainOpenSslErrors();
   return absl::InternalError(
       absl::StrCat(what, detail.empty() ? "" : ": ", detail));
 }

@@ -32,19 +32,6 @@ using google::protobuf::Reflection;
 
 constexpr size_t kSha256Size = 32;
 
-// The OpenSSL error queue, emptied (so that it does not leak into the next
-// caller's error on this thread) and joined for a message.
-std::string DrainOpenSslErrors() {
-  std::string detail;
-  while (unsigned long code = ERR_get_error()) {
-    char buffer[256];
-    ERR_error_string_n(code, buffer, sizeof(buffer));
-    if (!detail.empty()) detail += "; ";
-    detail += buffer;
-  }
-  return detail;
-}
-
 Owned<X509> CertFromPem(absl::string_view pem) {
   if (pem.empty()) return nullptr;
   Owned<BIO> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));

@@ -1,16 +1,19 @@
-// Owning pointers to OpenSSL objects, for the .cc files of security/ (the
-// only layer that sees OpenSSL). Internal: not for the layers above.
+// Owning pointers to OpenSSL objects and the error queue, for the .cc files
+// of security/ (the only layer that sees OpenSSL). Internal: not for the
+// layers above.
 #ifndef SWARM_SECURITY_OPENSSL_OWNED_H_
 #define SWARM_SECURITY_OPENSSL_OWNED_H_
 
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/ec.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
 #include <memory>
+#include <string>
 
 namespace swarm::security {
 
@@ -31,6 +34,19 @@ struct OpenSslDeleter {
 // An OpenSSL object freed with its own free function.
 template <typename T>
 using Owned = std::unique_ptr<T, OpenSslDeleter>;
+
+// The OpenSSL error queue, emptied (so that it does not leak into the next
+// caller's error on this thread) and joined for a message.
+inline std::string DrainOpenSslErrors() {
+  std::string detail;
+  while (unsigned long code = ERR_get_error()) {
+    char buffer[256];
+    ERR_error_string_n(code, buffer, sizeof(buffer));
+    if (!detail.empty()) detail += "; ";
+    detail += buffer;
+  }
+  return detail;
+}
 
 }  // namespace swarm::security
 
