@@ -121,9 +121,8 @@ constexpr char kJobId[] = "round-bench";
 constexpr char kAdmin[] = "round-bench";
 
 // How a round moves models: the job-config fields a variant sets on top of
-// the bench's job. Later variants (pipelined broadcast of the learn task,
-// chain reduction of the results) add a row here once the job options they
-// set exist.
+// the bench's job. Chain reduction of the results adds a row here once its
+// job option exists.
 struct RoundVariant {
   const char* name;
   const char* what;
@@ -134,6 +133,10 @@ constexpr RoundVariant kVariants[] = {
      "the default round: the scattering site sends each trainer the model, "
      "each trainer sends its result to the aggregator (sets no job field)",
      [](v1::JobConfig*) {}},
+    {"broadcast",
+     "the learn task flows along the trainers, each forwarding it to the "
+     "next as it arrives (broadcast_learn_tasks); results as in the star",
+     [](v1::JobConfig* job) { job->set_broadcast_learn_tasks(true); }},
 };
 
 const RoundVariant* FindVariant(absl::string_view name) {

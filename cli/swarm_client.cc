@@ -51,6 +51,7 @@
 #include "rpc/peer_service.h"
 #include "rpc/tls.h"
 #include "security/certificates.h"
+#include "security/model_signature.h"
 #include "trainerlink/external_learner.h"
 
 namespace swarm {
@@ -115,6 +116,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* flags) {
 struct Credentials {
   std::shared_ptr<grpc::ServerCredentials> server;
   std::shared_ptr<grpc::ChannelCredentials> channel;
+  // With TLS: signs the learn tasks this site broadcasts, and checks those
+  // that reach it through other sites.
+  std::shared_ptr<const security::ModelSigner> signer;
+  std::shared_ptr<const security::ModelSignatureVerifier> verifier;
 };
 
 // The site's certificate (checked against the config's name), or plaintext
@@ -127,7 +132,7 @@ absl::StatusOr<Credentials> LoadCredentials(const v1::SiteConfig& config,
         "--insecure: serving and calling peers WITHOUT TLS; anyone who can "
         "reach this port can act as any site or admin");
     return Credentials{grpc::InsecureServerCredentials(),
-                       grpc::InsecureChannelCredentials()};
+                       grpc::InsecureChannelCredentials(), nullptr, nullptr};
   }
   if (config.tls_dir().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -149,8 +154,23 @@ absl::StatusOr<Credentials> LoadCredentials(const v1::SiteConfig& config,
         identity->name, "\" (", identity->role, "), but site config ",
         config_path, " names site \"", config.name(), "\""));
   }
-  return Credentials{security::ServerCredentials(*identity),
-                     security::ClientCredentials(*identity)};
+  absl::StatusOr<security::ModelSigner> signer =
+      security::ModelSigner::Create(identity->key_pem, identity->cert_pem);
+  absl::StatusOr<security::ModelSignatureVerifier> verifier =
+      security::ModelSignatureVerifier::Create(identity->ca_pem);
+  if (!signer.ok() || !verifier.ok()) {
+    const absl::Status failed =
+        !signer.ok() ? signer.status() : verifier.status();
+    return absl::Status(failed.code(),
+                        absl::StrCat("TLS identity in ", config.tls_dir(),
+                                     ": model signing: ", failed.message()));
+  }
+  return Credentials{
+      security::ServerCredentials(*identity),
+      security::ClientCredentials(*identity),
+      std::make_shared<const security::ModelSigner>(std::move(*signer)),
+      std::make_shared<const security::ModelSignatureVerifier>(
+          std::move(*verifier))};
 }
 
 struct SiteLearners {
@@ -404,6 +424,7 @@ int Run(int argc, char** argv) {
   auto runner = std::make_unique<ThreadPoolRunner>(flags.threads);
   PeerChannels channels(credentials->channel);
   GrpcPeerTransport transport(&channels, runner.get());
+  transport.set_signer(credentials->signer);
   DriverOptions options;
   options.site = config->name();
   SiteDriver controller(options,
@@ -425,6 +446,8 @@ int Run(int argc, char** argv) {
   PeerServiceOptions service_options =
       ServiceOptionsFor(*config, flags.insecure);
   observability.Serve(&service_options);
+  service_options.forward_channels = &channels;
+  service_options.verifier = credentials->verifier;
   // Watching before serving: the History RPC reads the watcher.
   observability.Watch(&controller);
   PeerService service(&controller, std::move(service_options));

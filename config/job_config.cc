@@ -129,6 +129,9 @@ v1::JobConfig WithDefaults(v1::JobConfig c) {
   if (!c.has_lean_memory_min_model_bytes()) {
     c.set_lean_memory_min_model_bytes(kDefaultLeanMemoryMinModelBytes);
   }
+  if (!c.has_broadcast_learn_tasks()) {
+    c.set_broadcast_learn_tasks(kDefaultBroadcastLearnTasks);
+  }
   return c;
 }
 

@@ -35,6 +35,7 @@ inline constexpr double kDefaultTrimFraction = 0.1;  // TRIMMED_MEAN only.
 inline constexpr char kDefaultMetricName[] = "accuracy";
 inline constexpr uint64_t kDefaultMaxModelBytes = 64ull << 30;
 inline constexpr uint64_t kDefaultLeanMemoryMinModelBytes = 128ull << 20;
+inline constexpr bool kDefaultBroadcastLearnTasks = false;
 
 // Limits checked by ValidateJobConfig.
 // kMinChunkSize, kMaxChunkSize, kDefaultChunkSize: streaming/chunker.h.

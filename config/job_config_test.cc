@@ -444,6 +444,8 @@ TEST(WithDefaultsTest, FillsEveryDefault) {
   EXPECT_EQ(config.chunk_size(), 1u << 20);
   EXPECT_EQ(config.max_model_bytes(), 64ull << 30);
   EXPECT_EQ(config.lean_memory_min_model_bytes(), 128ull << 20);
+  EXPECT_TRUE(config.has_broadcast_learn_tasks());
+  EXPECT_FALSE(config.broadcast_learn_tasks());
   EXPECT_EQ(config.seed(), 0u);
   EXPECT_FALSE(config.disk_offload());
   EXPECT_FALSE(config.send_weight_diff());
@@ -491,6 +493,7 @@ TEST(WithDefaultsTest, KeepsSetFieldsAndIsIdempotent) {
   config.set_chunk_size(8192);
   config.set_max_model_bytes(4096);
   config.set_lean_memory_min_model_bytes(0);  // Set, though zero.
+  config.set_broadcast_learn_tasks(true);
   v1::JobConfig defaulted = WithDefaults(config);
   EXPECT_TRUE(
       google::protobuf::util::MessageDifferencer::Equals(defaulted, config))
@@ -528,6 +531,7 @@ constexpr char kFullConfig[] = R"({
   "stop_patience_rounds": 2,
   "start_timeout_ms": 900000,
   "lean_memory_min_model_bytes": "268435456",
+  "broadcast_learn_tasks": true,
   "aggregation_method": "AGGREGATION_TRIMMED_MEAN",
   "trim_fraction": 0.2,
   "metric_name": "loss",
@@ -572,6 +576,7 @@ TEST(LoadJobConfigTest, FullConfigRoundTrip) {
   EXPECT_EQ(config.stop_patience_rounds(), 2u);
   EXPECT_EQ(config.start_timeout_ms(), 900000u);
   EXPECT_EQ(config.lean_memory_min_model_bytes(), 256u << 20);
+  EXPECT_TRUE(config.broadcast_learn_tasks());
   EXPECT_EQ(config.aggregation_method(), v1::AGGREGATION_TRIMMED_MEAN);
   EXPECT_EQ(config.trim_fraction(), 0.2);
   EXPECT_EQ(config.metric_name(), "loss");

@@ -156,6 +156,12 @@ class FakeNetwork {
 
   void Send(const std::string& from, const v1::SiteInfo& to,
             PeerMessage message, PeerTransport::Done done);
+  // A stream with a forward list (ModelHeader.relay_to), as PeerService
+  // forwards it: to `to`, then from each site to the next, the answers
+  // folded into the first hop's reply (Reply.relayed). Store and forward
+  // here; the gRPC service pipelines the frames, which changes timing only.
+  void SendRelayed(const std::string& from, const v1::SiteInfo& to,
+                   PeerMessage message, PeerTransport::Done done);
   // Fills in the call's faults and delay (the observer runs first).
   void Plan(Call& call);
   void Arrive(std::shared_ptr<Call> call);

@@ -337,6 +337,9 @@ class SiteMachine {
     uint32_t round = 0;
     uint64_t broadcast = 0;  // kFinal: which broadcast.
     bool probe = false;      // kAskPermission: a liveness probe.
+    // kTaskToTrainer sent as a broadcast: the sites the stream goes along,
+    // `target` first.
+    std::vector<std::string> chain;
   };
   // What a timer is for.
   struct Timer {
@@ -373,6 +376,8 @@ class SiteMachine {
     std::vector<std::string> acked;
     // Trainers the task did not reach, and why.
     std::map<std::string, std::string> missed;
+    // The grace timer for the trainers still silent is set (or not wanted).
+    bool grace_set = false;
   };
   // The operator's Start (or resume), answered once the first round's
   // aggregator acknowledged its learn task (or the start failed): the
@@ -507,6 +512,13 @@ class SiteMachine {
                     bool resume = false);
   void SendTaskToAggregator(const Scatter& scatter);
   void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
+  // The answer of a broadcast's head, for itself and the sites after it.
+  void OnChainTaskDone(const Call& call, const event::CallDone& e);
+  // How `target` answered round `round`'s learn task.
+  void NoteTaskToTrainer(uint32_t round, const std::string& target,
+                         const absl::Status& status);
+  PeerMessage TaskToTrainer(const Scatter& scatter) const;
+  void SendTaskToTrainer(const Scatter& scatter, const std::string& target);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
   void SendAggregatorTask(uint32_t round);
   void EndScatterWait(uint32_t round);

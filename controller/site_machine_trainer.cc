@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "controller/admission.h"
 #include "controller/replies.h"
@@ -51,44 +52,140 @@ void SiteMachine::ScatterRound(uint32_t round,
     if (trainer != order[0]) scatter.waiting.insert(trainer);
   }
   if (scatter.waiting.empty()) return SendTaskToAggregator(scatter);
-  for (const std::string& target : scatter.waiting) {
-    PeerMessage message;
-    message.kind = CallKind::kLearnTask;
-    message.header = scatter.header;
-    message.model = scatter.global;
-    message.timeout = job_->learn_task_ack_timeout();
+  // With broadcast, one stream goes along the other sites, each forwarding
+  // it to the next as it arrives; this site's own task stays a loopback.
+  std::vector<std::string> chain;
+  if (job_->config().broadcast_learn_tasks()) {
+    for (const std::string& trainer : scatter.waiting) {
+      if (trainer != options_.site) chain.push_back(trainer);
+    }
+    // Rotated by round, so that no one site is always the chain's head.
+    if (!chain.empty()) {
+      std::rotate(chain.begin(), chain.begin() + round % chain.size(),
+                  chain.end());
+    }
+    if (chain.size() < 2) chain.clear();
+  }
+  Scatter& stored = scatters_[round] = std::move(scatter);
+  for (const std::string& target : stored.waiting) {
+    if (chain.empty() || target == options_.site) {
+      SendTaskToTrainer(stored, target);
+    }
+  }
+  if (!chain.empty()) {
+    PeerMessage message = TaskToTrainer(stored);
+    for (size_t i = 1; i < chain.size(); ++i) {
+      message.header.add_relay_to(chain[i]);
+    }
     Call call;
     call.purpose = Call::Purpose::kTaskToTrainer;
     call.round = round;
-    Send(target, std::move(message), call);
+    call.chain = chain;
+    SWARM_LOG_INFO("round %d: broadcasting the learn task along %s", round,
+                   absl::StrJoin(chain, " -> "));
+    Send(chain[0], std::move(message), std::move(call));
   }
-  scatters_[round] = std::move(scatter);
 }
+
+PeerMessage SiteMachine::TaskToTrainer(const Scatter& scatter) const {
+  PeerMessage message;
+  message.kind = CallKind::kLearnTask;
+  message.header = scatter.header;
+  message.model = scatter.global;
+  message.timeout = job_->learn_task_ack_timeout();
+  return message;
+}
+
+void SiteMachine::SendTaskToTrainer(const Scatter& scatter,
+                                    const std::string& target) {
+  Call call;
+  call.purpose = Call::Purpose::kTaskToTrainer;
+  call.round = scatter.header.round();
+  Send(target, TaskToTrainer(scatter), std::move(call));
+}
+
+void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
+  // The head answered for itself, and in `relayed` for each site after it
+  // that the forwarded stream reached (in chain order).
+  std::map<std::string, absl::Status> answered;
+  answered[call.chain[0]] = ReplyStatus(e);
+  if (e.reply.ok()) {
+    for (const v1::RelayOutcome& relayed : e.reply->reply.relayed()) {
+      if (std::find(call.chain.begin() + 1, call.chain.end(),
+                    relayed.site()) == call.chain.end() ||
+          answered.count(relayed.site()) > 0) {
+        continue;  // Not a site of this chain: ignored.
+      }
+      v1::Reply reply;
+      reply.set_outcome(relayed.outcome());
+      reply.set_message(relayed.message());
+      answered[relayed.site()] =
+          relayed.transport_failed()
+              ? absl::UnavailableError(absl::StrCat(
+                    "forwarded along the chain: ", relayed.message()))
+              : StatusFromReply(reply);
+    }
+  }
+  auto it = scatters_.find(call.round);
+  std::vector<std::string> direct;
+  for (size_t i = 1; i < call.chain.size(); ++i) {
+    const std::string& site = call.chain[i];
+    auto found = answered.find(site);
+    // A site the chain did not reach, or that its forwarder could not
+    // reach, gets the task straight from here (its forwarder's link may be
+    // the broken one).
+    if (found == answered.end() || absl::IsUnavailable(found->second) ||
+        absl::IsDeadlineExceeded(found->second)) {
+      direct.push_back(site);
+      answered.erase(site);
+    }
+  }
+  if (!direct.empty() && it != scatters_.end() && Active()) {
+    // No grace for these: each direct send has its own deadline, and a
+    // large model may take longer than a failover timeout to arrive.
+    it->second.grace_set = true;
+    SWARM_LOG_INFO(
+        "round %d: the broadcast did not reach %s; sending the learn task "
+        "directly",
+        call.round, absl::StrJoin(direct, ", "));
+    for (const std::string& site : direct) {
+      SendTaskToTrainer(it->second, site);
+    }
+  }
+  for (const auto& [site, status] : answered) {
+    NoteTaskToTrainer(call.round, site, status);
+  }
+}
+
 
 void SiteMachine::OnTaskToTrainerDone(const Call& call,
                                       const event::CallDone& e) {
-  const absl::Status status = ReplyStatus(e);
+  if (!call.chain.empty()) return OnChainTaskDone(call, e);
+  NoteTaskToTrainer(call.round, call.target, ReplyStatus(e));
+}
+
+void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
+                                    const absl::Status& status) {
   if (!status.ok()) {
-    ReportError(
-        absl::StrCat("round ", call.round, ": learn task to ", call.target,
-                     " not acknowledged; not waiting for it"),
-        status);
+    ReportError(absl::StrCat("round ", round, ": learn task to ", target,
+                             " not acknowledged; not waiting for it"),
+                status);
   }
-  auto it = scatters_.find(call.round);
+  auto it = scatters_.find(round);
   if (it == scatters_.end()) return;
   Scatter& scatter = it->second;
-  scatter.waiting.erase(call.target);
+  if (scatter.waiting.erase(target) == 0) return;
   if (status.ok()) {
-    scatter.acked.push_back(call.target);
+    scatter.acked.push_back(target);
   } else {
-    scatter.missed[call.target] = std::string(status.message());
+    scatter.missed[target] = std::string(status.message());
   }
   const auto remote = [this](const std::string& site) {
     return site != options_.site;
   };
-  if (status.ok() && remote(call.target) &&
-      std::count_if(scatter.acked.begin(), scatter.acked.end(), remote) == 1 &&
+  if (status.ok() && remote(target) && !scatter.grace_set &&
       !scatter.waiting.empty()) {
+    scatter.grace_set = true;
     // The tasks stream in parallel: a trainer still silent a failover
     // timeout after the first one acknowledged is down, frozen or cut off,
     // and the round does not wait for it. Only another site's
@@ -96,7 +193,7 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
     // model may take the others longer than a failover timeout to receive.
     Timer timer;
     timer.purpose = Timer::Purpose::kScatterGrace;
-    timer.round = call.round;
+    timer.round = round;
     SetTimer(now_ + job_->failover_timeout(), timer);
   }
   if (!scatter.waiting.empty()) return;

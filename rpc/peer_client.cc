@@ -54,8 +54,56 @@ void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
 
 void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
                              Done done) {
-  const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
   if (message.is_model_stream()) {
+    if (message.header.relay_to_size() > 0 && signer_ != nullptr &&
+        message.model != nullptr) {
+      runner_->Post([this, to, message = std::move(message),
+                     done = std::move(done)]() mutable {
+        SignAndSend(to, std::move(message), std::move(done));
+      });
+      return;
+    }
+    return SendStream(to, std::move(message), std::move(done));
+  }
+  const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
+  SendUnary(to, std::move(message), std::move(done), timeout);
+}
+
+void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to,
+                                    PeerMessage message, Done done) {
+  // The signature covers the stream digest, which must be SHA-256; the
+  // chunks are the same ones SendStream cuts (same model, chunk size).
+  message.header.set_digest_algorithm(v1::DIGEST_SHA256);
+  message.header.set_chunk_size(message.header.chunk_size() != 0
+                                    ? message.header.chunk_size()
+                                    : kDefaultChunkSize);
+  absl::StatusOr<std::unique_ptr<Chunker>> chunker = Chunker::Create(
+      message.model, message.header, message.header.chunk_size());
+  absl::StatusOr<std::string> signature = absl::UnknownError("not signed");
+  if (!chunker.ok()) {
+    signature = chunker.status();
+  } else {
+    while ((*chunker)->NextChunk().has_value()) {
+    }
+    const std::string digest = (*chunker)->Trailer().digest();
+    message.header = (*chunker)->header();
+    signature = signer_->Sign(message.header, digest);
+  }
+  if (!signature.ok()) {
+    return done(PeerError(to, CallKindName(message.kind),
+                          absl::Status(signature.status().code(),
+                                       absl::StrCat("signing the model: ",
+                                                    signature.status().message()))));
+  }
+  message.header.set_digest_signature(*signature);
+  message.header.set_signer_certificate_pem(signer_->certificate_pem());
+  SendStream(to, std::move(message), std::move(done));
+}
+
+void GrpcPeerTransport::SendStream(const v1::SiteInfo& to, PeerMessage message,
+                                   Done done) {
+  const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
+  {
     const absl::string_view method = CallKindName(message.kind);
     // A header-only stream (a failed result) carries an empty model.
     std::shared_ptr<const Model> model = message.model != nullptr
@@ -85,8 +133,11 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
           peer.reply = std::move(*reply);
           done(std::move(peer));
         });
-    return;
   }
+}
+
+void GrpcPeerTransport::SendUnary(const v1::SiteInfo& to, PeerMessage message,
+                                  Done done, absl::Duration timeout) {
   // A small call on the callback API: the state lives until it ends.
   struct Unary {
     grpc::ClientContext context;

@@ -14,6 +14,7 @@
 #include "controller/peer_transport.h"
 #include "controller/task_runner.h"
 #include "proto/swarm.grpc.pb.h"
+#include "security/model_signature.h"
 #include "streaming/assembler.h"
 
 namespace swarm {
@@ -48,13 +49,30 @@ class GrpcPeerTransport final : public PeerTransport {
   GrpcPeerTransport(const GrpcPeerTransport&) = delete;
   GrpcPeerTransport& operator=(const GrpcPeerTransport&) = delete;
 
+  // Signs the learn tasks this site broadcasts (ModelHeader.relay_to set),
+  // so that the sites that forward them cannot alter them undetected.
+  // Without a signer a broadcast goes unsigned (fine without TLS; under
+  // TLS its forwards are refused and the sender falls back to direct
+  // sends). Call before the first Send.
+  void set_signer(std::shared_ptr<const security::ModelSigner> signer) {
+    signer_ = std::move(signer);
+  }
+
   void PrepareForJob(const v1::JobConfig& job) override;
   void Send(const v1::SiteInfo& to, PeerMessage message, Done done) override;
 
  private:
+  void SendStream(const v1::SiteInfo& to, PeerMessage message, Done done);
+  void SendUnary(const v1::SiteInfo& to, PeerMessage message, Done done,
+                 absl::Duration timeout);
+  // Signs `message` (a broadcast learn task) and sends it, on the runner:
+  // the digest reads the whole model.
+  void SignAndSend(const v1::SiteInfo& to, PeerMessage message, Done done);
+
   PeerChannels* const channels_;
   TaskRunner* const runner_;
   const absl::Duration unary_timeout_;
+  std::shared_ptr<const security::ModelSigner> signer_;
 };
 
 }  // namespace swarm

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -11,6 +13,7 @@
 #include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
+#include "rpc/frame_relay.h"
 #include "rpc/stream_watchdog.h"
 #include "security/certificates.h"
 
@@ -20,6 +23,10 @@ namespace {
 // How much earlier than the caller's deadline a held RequestToSubmit answers,
 // so the reply arrives in time.
 constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
+// How much earlier than its own deadline a forwarding site's call to the
+// next hop ends, so that its answer (for itself and the hops after it)
+// still reaches the previous hop in time.
+constexpr absl::Duration kRelayMargin = absl::Seconds(1);
 
 absl::Time CallDeadline(const grpc::ServerContextBase* context) {
   const auto deadline = context->deadline();
@@ -261,12 +268,23 @@ class PeerService::UploadCall final
 
   void OnReadDone(bool ok) override {
     if (!header_read_) return OnHeader(ok);
-    if (!ok) return HandToSite(receiver_.assembler()->Finish());
+    if (!ok) {
+      if (relay_ != nullptr) relay_->Close();
+      return HandToSite(Verified(receiver_.assembler()->Finish()));
+    }
+    // Forwarded as received (the copy shares the frame's slices).
+    std::optional<grpc::ByteBuffer> onward;
+    if (relay_ != nullptr) onward.emplace(frame_);
     if (absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
         !fed.ok()) {
       // The sender broke a rule of the stream: stop reading; the site
       // says why in its reply.
+      if (relay_ != nullptr) relay_->Cancel();
       return HandToSite(fed);
+    }
+    if (onward.has_value() &&
+        relay_->Push(*onward) == FrameRelay::kFull) {
+      return;  // The relay's on_room reads on.
     }
     StartRead(&frame_);
   }
@@ -294,6 +312,11 @@ class PeerService::UploadCall final
     UploadCall* call ABSL_GUARDED_BY(mu) = nullptr;
     v1::Reply* reply ABSL_GUARDED_BY(mu) = nullptr;
     bool waiting_for_site ABSL_GUARDED_BY(mu) = false;
+    // A forwarded stream: the site's own reply waits for the next hop's
+    // (whose answers for itself and the hops after it join the reply).
+    bool relay_pending ABSL_GUARDED_BY(mu) = false;
+    std::optional<v1::Reply> own ABSL_GUARDED_BY(mu);
+    std::vector<v1::RelayOutcome> relayed ABSL_GUARDED_BY(mu);
   };
 
   void OnHeader(bool ok) {
@@ -312,8 +335,15 @@ class PeerService::UploadCall final
     const v1::ModelHeader& header = frame.header();
     const std::string what =
         absl::StrCat(v1::ModelKind_Name(header.kind()), " stream");
-    grpc::Status allowed = service_->Authorize(context_, what, Rule::kSender,
-                                               header.sender(), &slot_);
+    // Who must have sent it: the header's sender, or for a signed learn task
+    // that comes through a broadcast, the previous hop (a site of the job).
+    std::string caller = header.sender();
+    if (grpc::Status forwarded = CheckForwarded(header, what, &caller);
+        !forwarded.ok()) {
+      return EndNow(forwarded);
+    }
+    grpc::Status allowed =
+        service_->Authorize(context_, what, Rule::kSender, caller, &slot_);
     if (!allowed.ok()) return EndNow(allowed);
     service_->watchdog_->Watch(
         context_, absl::Now() + service_->options_.max_stream_time);
@@ -331,7 +361,116 @@ class PeerService::UploadCall final
     if (receiver_.assembler() == nullptr) {
       return HandToSite(absl::InvalidArgumentError("bad header"));
     }
+    if (header.relay_to_size() > 0) StartRelay(header);
     StartRead(&frame_);
+  }
+
+  // A learn task whose sender is not the caller's certificate is accepted
+  // only as a broadcast's forward: signed by its sender, whose certificate
+  // is the job CA's and names it, and passed on by a site of the job.
+  // Sets `caller` to the name the certificate must then carry.
+  grpc::Status CheckForwarded(const v1::ModelHeader& header,
+                              const std::string& what, std::string* caller) {
+    const std::shared_ptr<const security::ModelSignatureVerifier>& verifier =
+        service_->options_.verifier;
+    if (!header.digest_signature().empty() && verifier != nullptr) {
+      signed_header_ = header;  // Checked once the body is in.
+    }
+    if (!service_->options_.tls) return grpc::Status::OK;
+    const security::PeerIdentity identity = security::IdentityOf(*context_);
+    if (!identity.authenticated || identity.name == header.sender() ||
+        header.kind() != v1::MODEL_KIND_LEARN_TASK ||
+        header.digest_signature().empty()) {
+      return grpc::Status::OK;  // Authorize judges it.
+    }
+    auto refuse = [&](grpc::StatusCode code, std::string reason) {
+      SWARM_LOG_WARNING("refused %s forwarded by %s for %s (%s): %s", what,
+                        identity.name, header.sender(), context_->peer(),
+                        reason);
+      return grpc::Status(code, reason);
+    };
+    if (verifier == nullptr) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                    "this site cannot check forwarded models (no CA loaded)");
+    }
+    const std::optional<v1::JobConfig> job = service_->controller_->job();
+    if (!job.has_value() || FindSite(*job, identity.name) == nullptr) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                    absl::StrCat("a forwarded learn task must come from a "
+                                 "site of the job; ",
+                                 identity.name, " is not one"));
+    }
+    if (absl::Status signer = verifier->VerifySigner(
+            header.signer_certificate_pem(), header.sender());
+        !signer.ok()) {
+      return refuse(grpc::StatusCode::PERMISSION_DENIED,
+                    absl::StrCat("learn task forwarded by ", identity.name,
+                                 ": ", signer.message()));
+    }
+    forwarded_by_ = identity.name;
+    *caller = identity.name;
+    return grpc::Status::OK;
+  }
+
+  // The assembled model, or why its signature does not hold.
+  absl::StatusOr<Model> Verified(absl::StatusOr<Model> model) {
+    if (!model.ok() || !signed_header_.has_value()) return model;
+    absl::Status verified = service_->options_.verifier->VerifyHeader(
+        *signed_header_, receiver_.assembler()->stream_digest());
+    if (verified.ok()) return model;
+    const std::string by =
+        forwarded_by_.empty() ? std::string("sent by ")
+                              : absl::StrCat("forwarded by ", forwarded_by_,
+                                             " for ");
+    SWARM_LOG_WARNING("refused a learn task %s%s: %s", by,
+                      signed_header_->sender(), verified.message());
+    return absl::Status(verified.code(),
+                        absl::StrCat("learn task ", by,
+                                     signed_header_->sender(), ": ",
+                                     verified.message()));
+  }
+
+  // Forwards the stream to relay_to[0], with the rest of the list.
+  void StartRelay(const v1::ModelHeader& header) {
+    const std::string next = header.relay_to(0);
+    const std::optional<v1::JobConfig> job = service_->controller_->job();
+    const v1::SiteInfo* site =
+        job.has_value() ? FindSite(*job, next) : nullptr;
+    if (service_->options_.forward_channels == nullptr || site == nullptr) {
+      // Not forwarded: the sender sends to the rest itself.
+      SWARM_LOG_WARNING("round %d: not forwarding the learn task to %s: %s",
+                        header.round(), next,
+                        site == nullptr ? "not a site of the job"
+                                        : "this site does not forward");
+      return;
+    }
+    v1::ModelHeader onward = header;
+    onward.mutable_relay_to()->DeleteSubrange(0, 1);
+    auto context = std::make_unique<grpc::ClientContext>();
+    absl::Time deadline = CallDeadline(context_);
+    deadline = deadline == absl::InfiniteFuture()
+                   ? absl::Now() + StreamDeadline(header.total_bytes())
+                   : deadline - kRelayMargin;
+    context->set_deadline(absl::ToChronoTime(deadline));
+    FrameRelay::Options options;
+    options.stall_timeout =
+        std::max(absl::Seconds(1),
+                 absl::Milliseconds(job->failover_timeout_ms()));
+    options.what = absl::StrCat("round ", header.round(),
+                                " learn task forwarded to ", next);
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->relay_pending = true;
+    }
+    std::shared_ptr<Shared> shared = shared_;
+    relay_ = FrameRelay::Start(
+        service_->options_.forward_channels->Get(site->address()).get(),
+        "LearnTask", std::move(context), EncodeHeaderFrame(onward),
+        std::move(options), service_->watchdog_.get(),
+        [this] { StartRead(&frame_); },
+        [shared, next](absl::StatusOr<v1::Reply> reply) {
+          RelayDone(shared, next, std::move(reply));
+        });
   }
 
   // Every read is done: the model (or why the stream broke) goes to the
@@ -365,12 +504,48 @@ class PeerService::UploadCall final
     {
       absl::MutexLock lock(&shared->mu);
       if (shared->call == nullptr) return;  // Cancelled.
+      if (shared->relay_pending) {
+        shared->own = std::move(reply);  // Sent with the next hop's answer.
+        return;
+      }
       *shared->reply = std::move(reply);
+      for (v1::RelayOutcome& hop : shared->relayed) {
+        *shared->reply->add_relayed() = std::move(hop);
+      }
       finishing = shared->call;
       shared->call = nullptr;
     }
     // Outside the lock: the reactor may be deleted (OnDone) from here on.
     finishing->Finish(grpc::Status::OK);
+  }
+
+  // The next hop answered (for itself and the hops after it), or the
+  // forward to it failed.
+  static void RelayDone(const std::shared_ptr<Shared>& shared,
+                        const std::string& next,
+                        absl::StatusOr<v1::Reply> reply) {
+    std::optional<v1::Reply> own;
+    {
+      absl::MutexLock lock(&shared->mu);
+      v1::RelayOutcome hop;
+      hop.set_site(next);
+      if (!reply.ok()) {
+        hop.set_transport_failed(true);
+        hop.set_message(std::string(reply.status().message()));
+      } else {
+        hop.set_outcome(reply->outcome());
+        hop.set_message(reply->message());
+      }
+      shared->relayed.push_back(std::move(hop));
+      if (reply.ok()) {
+        for (const v1::RelayOutcome& later : reply->relayed()) {
+          shared->relayed.push_back(later);
+        }
+      }
+      shared->relay_pending = false;
+      own = std::move(shared->own);
+    }
+    if (own.has_value()) Answer(shared, std::move(*own));
   }
 
   PeerService* const service_;
@@ -382,6 +557,12 @@ class PeerService::UploadCall final
   bool header_read_ = false;
   bool watched_ = false;
   ReceivedModel received_;  // What the header announced.
+  // A signed stream: its header, checked against the digest at the end.
+  std::optional<v1::ModelHeader> signed_header_;
+  // A broadcast's forward: the previous hop.
+  std::string forwarded_by_;
+  // Forwarding to the next hop, if the header asks for it.
+  std::shared_ptr<FrameRelay> relay_;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(

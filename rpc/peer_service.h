@@ -10,6 +10,12 @@
 //   RequestToSubmit, ShareBest,   a site whose certificate name is the
 //   LearnTask, SubmitResult,      request's sender; the controller then
 //   FinalResult                   checks that site's role in the round
+// A learn task forwarded along a broadcast (ModelHeader.relay_to) comes from
+// the previous hop, a site of the job, and names the site that signed it as
+// its sender: the signer's certificate is checked at the header, the
+// signature over the digest computed here once the body is in. This site
+// forwards the frames to the next hop as they arrive, and answers for
+// itself and every later hop (Reply.relayed).
 // Without TLS (--insecure) the sender named in the request is trusted.
 // Every refusal is logged with the peer and the reason.
 #ifndef SWARM_RPC_PEER_SERVICE_H_
@@ -27,7 +33,9 @@
 #include "absl/time/time.h"
 #include "controller/site_driver.h"
 #include "rpc/grpc_stream.h"
+#include "rpc/peer_client.h"
 #include "rpc/tls.h"
+#include "security/model_signature.h"
 
 namespace swarm {
 
@@ -53,6 +61,14 @@ struct PeerServiceOptions {
   std::function<void(const ReceivedModel&)> on_model_received;
   // Answers History (the daemon's round recorder); unset: UNIMPLEMENTED.
   std::function<v1::HistoryReply(const v1::HistoryRequest&)> history;
+  // Pipelined broadcast (ModelHeader.relay_to): the channels a received
+  // learn task is forwarded on. Null: nothing is forwarded (the sender then
+  // sends to the rest of its list itself).
+  PeerChannels* forward_channels = nullptr;
+  // Checks the signature of a learn task that reaches this site through
+  // another site (security/model_signature.h). With TLS and no verifier,
+  // such a task is refused.
+  std::shared_ptr<const security::ModelSignatureVerifier> verifier;
 };
 
 class StreamWatchdog;

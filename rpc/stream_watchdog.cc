@@ -3,7 +3,9 @@
 #include <grpcpp/server_context.h>
 
 #include <algorithm>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace swarm {
@@ -21,12 +23,24 @@ StreamWatchdog::~StreamWatchdog() {
 void StreamWatchdog::Watch(grpc::ServerContextBase* context,
                            absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  watched_[context] = deadline;
+  watched_[context] =
+      Watched{deadline,
+              absl::StrCat("a model stream from ", context->peer(),
+                           ": too slow"),
+              [context] { context->TryCancel(); }, /*under_lock=*/true};
+  ++version_;
 }
 
-void StreamWatchdog::Forget(grpc::ServerContextBase* context) {
+void StreamWatchdog::Watch(const void* key, absl::Time deadline,
+                           std::string what, std::function<void()> cancel) {
   absl::MutexLock lock(&mu_);
-  watched_.erase(context);
+  watched_[key] = Watched{deadline, std::move(what), std::move(cancel)};
+  ++version_;
+}
+
+void StreamWatchdog::Forget(const void* key) {
+  absl::MutexLock lock(&mu_);
+  if (watched_.erase(key) > 0) ++version_;
 }
 
 void StreamWatchdog::Run() {
@@ -34,21 +48,31 @@ void StreamWatchdog::Run() {
   while (!stopping_) {
     absl::Time next = absl::InfiniteFuture();
     const absl::Time now = absl::Now();
+    std::vector<std::function<void()>> unlocked;
     for (auto it = watched_.begin(); it != watched_.end();) {
-      if (it->second <= now) {
-        // Under the lock: Forget (before the context goes away) waits for it.
-        SWARM_LOG_WARNING("cancelling a model stream from %s: too slow",
-                          it->first->peer());
-        it->first->TryCancel();
+      if (it->second.deadline <= now) {
+        SWARM_LOG_WARNING("cancelling %s", it->second.what);
+        if (it->second.under_lock) {
+          // Under the lock: Forget (before the call goes away) waits for it.
+          it->second.cancel();
+        } else {
+          unlocked.push_back(std::move(it->second.cancel));
+        }
         it = watched_.erase(it);
       } else {
-        next = std::min(next, it->second);
+        next = std::min(next, it->second.deadline);
         ++it;
       }
     }
-    const size_t size = watched_.size();
-    auto changed = [this, size]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stopping_ || watched_.size() != size;
+    if (!unlocked.empty()) {
+      mu_.Unlock();
+      for (const std::function<void()>& cancel : unlocked) cancel();
+      mu_.Lock();
+      continue;  // The map may have changed meanwhile.
+    }
+    const uint64_t version = version_;
+    auto changed = [this, version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stopping_ || version_ != version;
     };
     mu_.AwaitWithDeadline(absl::Condition(&changed), next);
   }

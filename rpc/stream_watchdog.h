@@ -1,10 +1,13 @@
 // Cancels model streams that run longer than allowed, so a stalled sender
-// cannot hold a call (and what it has assembled so far) forever. One thread
-// sleeps until the earliest deadline.
+// cannot hold a call (and what it has assembled so far) forever, and
+// forwarded streams whose next hop stopped taking frames. One thread sleeps
+// until the earliest deadline.
 #ifndef SWARM_RPC_STREAM_WATCHDOG_H_
 #define SWARM_RPC_STREAM_WATCHDOG_H_
 
+#include <functional>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -27,14 +30,38 @@ class StreamWatchdog {
   // Cancels the call of `context` at `deadline` unless forgotten first.
   // REQUIRES: Forget(context) before the context goes away.
   void Watch(grpc::ServerContextBase* context, absl::Time deadline);
-  void Forget(grpc::ServerContextBase* context);
+
+  // Runs `cancel` on the watchdog's thread at `deadline` unless `key` is
+  // forgotten or watched again first; `what` is logged. Watching a key again
+  // moves its deadline. The watchdog's lock is not held while `cancel` runs
+  // (it may call back into the watchdog, as gRPC reactions that a cancel
+  // runs inline do), so `cancel` must own what it touches: Forget does not
+  // wait for it.
+  void Watch(const void* key, absl::Time deadline, std::string what,
+             std::function<void()> cancel);
+
+  // For a server context: returns once a running cancel of `key` has
+  // finished.
+  void Forget(const void* key);
+  void Forget(grpc::ServerContextBase* context) {
+    Forget(static_cast<const void*>(context));
+  }
 
  private:
+  struct Watched {
+    absl::Time deadline;
+    std::string what;
+    std::function<void()> cancel;
+    // A server context's cancel runs under the lock (Forget waits for it).
+    bool under_lock = false;
+  };
   void Run();
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<grpc::ServerContextBase*, absl::Time> watched_ ABSL_GUARDED_BY(mu_);
+  // Bumped by every change, so that the thread looks again.
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<const void*, Watched> watched_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -245,11 +245,15 @@ absl::Status EncodeMap(const Message& message, const FieldDescriptor* field,
 }
 
 // True for the fields of ModelHeader that the signature does not cover:
-// the signature itself and the certificate that checks it.
+// the signature itself, the certificate that checks it, and the forward
+// list that each forwarder shortens (relay_to: where the stream goes next
+// changes nothing the receiver stores or acts on).
 bool IsExcludedHeaderField(const FieldDescriptor* field) {
   return field->containing_type() == v1::ModelHeader::descriptor() &&
          (field->number() == v1::ModelHeader::kDigestSignatureFieldNumber ||
-          field->number() == v1::ModelHeader::kSignerCertificatePemFieldNumber);
+          field->number() ==
+              v1::ModelHeader::kSignerCertificatePemFieldNumber ||
+          field->number() == v1::ModelHeader::kRelayToFieldNumber);
 }
 
 absl::Status EncodeMessage(const Message& message, std::string* out) {

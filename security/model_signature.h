@@ -19,7 +19,7 @@
 //     collision resistant, so a forwarder could craft other bytes with the
 //     same XXH3 digest. Signing and verifying refuse DIGEST_XXH3_128.
 //   - The header, whole but for the two signature fields (digest_signature,
-//     signer_certificate_pem), because the receiver acts on all of it:
+//     signer_certificate_pem) and the forward list (relay_to), because the receiver acts on all of it:
 //       job_id: a model of another job of the same CA is not replayed here;
 //       round, attempt, lineage: an old round's or a superseded attempt's
 //         model is not replayed as this one;
@@ -36,9 +36,9 @@
 //         the receiver stores or reports.
 //     A field added to ModelHeader later is signed too: the encoding walks
 //     the descriptor. Fields at their default add nothing, so adding a field
-//     changes no existing signature. A field that a forwarder must set (a
-//     hop count, the next hops) has to be excluded explicitly in the .cc;
-//     model_signature_test pins the list of exclusions.
+//     changes no existing signature. A field that a forwarder must set has
+//     to be excluded explicitly in the .cc (so far one: relay_to, the next
+//     hops); model_signature_test pins the list of exclusions.
 //
 // Every field is length-prefixed or of fixed width and tagged with its field
 // number, so no two different (digest, header) pairs give the same message.

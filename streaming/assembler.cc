@@ -258,6 +258,7 @@ absl::Status Assembler::OnTrailer(const v1::ModelTrailer& trailer) {
         "digest mismatch: computed ", absl::BytesToHexString(digest),
         ", trailer says ", absl::BytesToHexString(trailer.digest()))));
   }
+  stream_digest_ = digest;
   stage_ = Stage::kTrailed;
   return absl::OkStatus();
 }

@@ -104,6 +104,9 @@ class Assembler {
   bool has_header() const { return stage_ != Stage::kWantHeader; }
   const absl::Status& error() const { return error_; }
   uint64_t bytes_received() const { return bytes_received_; }
+  // The digest this assembler computed over the chunks it received (equal
+  // to the trailer's). Empty until the trailer was checked.
+  const std::string& stream_digest() const { return stream_digest_; }
 
  private:
   enum class Stage { kWantHeader, kChunks, kTrailed, kFinished, kFailed };
@@ -125,6 +128,7 @@ class Assembler {
   std::vector<std::map<uint64_t, uint64_t>> received_;
   uint64_t chunks_ = 0;
   uint64_t bytes_received_ = 0;
+  std::string stream_digest_;
 };
 
 }  // namespace swarm

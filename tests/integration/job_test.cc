@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "config/election.h"
 #include "config/job_config.h"
@@ -61,6 +63,9 @@ struct JobSpec {
   // lean_memory_min_model_bytes 0): learn tasks and the initial model held
   // as file mappings, the aggregator's own result first.
   bool lean_memory = false;
+  // broadcast_learn_tasks: each round's learn task goes along the trainers,
+  // forwarded and checked against the scatterer's signature at each.
+  bool broadcast = false;
 };
 
 bool ExactInFloat(double value) {
@@ -148,6 +153,7 @@ class JobTest : public ::testing::Test {
     job.set_chunk_size(4096);
     job.set_keep_round_models(true);
     if (spec.lean_memory) job.set_lean_memory_min_model_bytes(0);
+    if (spec.broadcast) job.set_broadcast_learn_tasks(true);
     const std::string job_path = swarm.WriteJob(job);
     absl::StatusOr<v1::JobConfig> loaded = LoadJobConfig(job_path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -368,6 +374,26 @@ class JobTest : public ::testing::Test {
 
     absl::Status stopped = swarm.StopAll(absl::Seconds(10));
     EXPECT_TRUE(stopped.ok()) << stopped;
+    if (spec.broadcast) {
+      // Every round after the first had its task forwarded, and no
+      // forward was refused or fell back to a direct send.
+      int broadcasts = 0;
+      for (const SiteSpec& site : spec.sites) {
+        absl::StatusOr<std::string> log =
+            ReadBytes(swarm.site(site.name).log_path);
+        ASSERT_TRUE(log.ok()) << log.status();
+        for (absl::string_view line : absl::StrSplit(*log, '\n')) {
+          if (absl::StrContains(line, "broadcasting the learn task")) {
+            ++broadcasts;
+          }
+          EXPECT_FALSE(absl::StrContains(line, "the broadcast did not reach"))
+              << site.name << ": " << line;
+          EXPECT_FALSE(absl::StrContains(line, "refused"))
+              << site.name << ": " << line;
+        }
+      }
+      EXPECT_EQ(broadcasts, static_cast<int>(kRounds));
+    }
     if (HasFailure()) std::fprintf(stderr, "%s", swarm.Logs(60).c_str());
   }
 };
@@ -402,6 +428,23 @@ TEST_F(JobTest, ThreeSitesLeanMemory) {
       {"site-1", true, true, 0.125, 1, 0.0},
       {"site-2", true, true, 0.25, 1, 0.0625},
       {"site-3", true, true, 0.375, 2, 0.125},
+  };
+  RunJob(spec);
+}
+
+// The same aggregates, bit for bit, with the learn tasks broadcast: four
+// sites, so that each round's chain has two or three hops.
+TEST_F(JobTest, FourSitesBroadcastLearnTasks) {
+  JobSpec spec;
+  spec.job_id = "four-sites-broadcast";
+  spec.seed = 7;
+  spec.metrics = kBestRound2;
+  spec.broadcast = true;
+  spec.sites = {
+      {"site-1", true, true, 0.125, 1, 0.0},
+      {"site-2", true, true, 0.25, 1, 0.0625},
+      {"site-3", true, true, 0.375, 2, 0.125},
+      {"site-4", true, true, 0.5, 4, 0.0},
   };
   RunJob(spec);
 }

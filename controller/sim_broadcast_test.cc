@@ -1,0 +1,225 @@
+// Simulated jobs with the pipelined broadcast of learn tasks
+// (JobConfig.broadcast_learn_tasks): the scatterer sends one stream, which
+// goes along the round's other trainers; a break in the chain falls back to
+// direct sends. The fake network forwards as PeerService does (store and
+// forward instead of pipelined, which changes timing only).
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "controller/fake_network.h"
+#include "controller/sim_expect.h"
+#include "controller/sim_harness.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace swarm {
+namespace sim {
+namespace {
+
+void Broadcast(v1::JobConfig* job) { job->set_broadcast_learn_tasks(true); }
+
+// The site that scattered `round`: the one that sent the round's
+// aggregator its learn task.
+std::string Scatterer(Sim& sim, uint32_t round) {
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kLearnTask && call.round == round &&
+        call.to == sim.Aggregator(round) && call.from != call.to) {
+      return call.from;
+    }
+  }
+  return "";
+}
+
+// Learn tasks of `round` sent by a site other than its scatterer: the
+// forwards along the chain.
+std::vector<CallRecord> Forwards(Sim& sim, uint32_t round) {
+  const std::string scatterer = Scatterer(sim, round);
+  std::vector<CallRecord> forwards;
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kLearnTask && call.round == round &&
+        call.from != scatterer) {
+      forwards.push_back(call);
+    }
+  }
+  return forwards;
+}
+
+// Learn tasks of `round` from its scatterer to other sites.
+std::multiset<std::string> DirectTasks(Sim& sim, uint32_t round) {
+  const std::string scatterer = Scatterer(sim, round);
+  std::multiset<std::string> targets;
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kLearnTask && call.round == round &&
+        call.from == scatterer && call.to != scatterer) {
+      targets.insert(call.to);
+    }
+  }
+  return targets;
+}
+
+void ExpectAllDone(Sim& sim) {
+  for (int i : AllSites(sim)) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+  }
+}
+
+TEST(SimBroadcastTest, GivesTheStarsAggregatesWithOneStreamOutPerRound) {
+  Sim star(Config(8, 4));
+  star.RunJob();
+  Sim broadcast(Config(8, 4, Broadcast));
+  broadcast.RunJob();
+
+  ExpectAllDone(broadcast);
+  const auto star_globals = ExpectExactRounds(
+      star, [&](uint32_t) { return AllTrainers(star); }, AllSites(star));
+  const auto globals = ExpectExactRounds(
+      broadcast, [&](uint32_t) { return AllTrainers(broadcast); },
+      AllSites(broadcast));
+  // The same inputs give bit-identical aggregates (the harness's numbers
+  // make every sum exact, so the order results arrive in cannot matter).
+  EXPECT_TRUE(globals == star_globals);
+  ExpectSameFinals(broadcast, AllSites(broadcast), globals, kBestRound);
+
+  for (uint32_t round = 0; round < 4; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    // Out of the scatterer: the chain's head and the aggregator's own task
+    // (which names the round's expected set), not one stream per trainer.
+    const std::multiset<std::string> direct = DirectTasks(broadcast, round);
+    EXPECT_LE(direct.size(), 2u);
+    EXPECT_EQ(direct.count(broadcast.Aggregator(round)), 1u);
+    // The rest of the trainers got it forwarded, each once.
+    std::multiset<std::string> forwarded;
+    for (const CallRecord& call : Forwards(broadcast, round)) {
+      EXPECT_EQ(call.result, "OK") << call.from << " -> " << call.to;
+      forwarded.insert(call.to);
+    }
+    EXPECT_GE(forwarded.size(), 5u);
+    for (const std::string& site : forwarded) {
+      EXPECT_EQ(forwarded.count(site), 1u) << site;
+    }
+  }
+}
+
+// A forward that fails (the link between two trainers drops it): the
+// scatterer sends the task straight to the sites the chain did not reach,
+// and the round has every trainer.
+TEST(SimBroadcastTest, ABrokenForwardFallsBackToDirectSends) {
+  Sim sim(Config(8, 3, Broadcast));
+  std::string dropped_to;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (dropped_to.empty() && call.kind == CallKind::kLearnTask &&
+        call.round == 1 && call.to != sim.Aggregator(1) &&
+        call.from != sim.Aggregator(0)) {
+      // A forward (not from round 1's scatterer, round 0's aggregator).
+      dropped_to = call.to;
+      CallMatcher match;
+      match.kind = CallKind::kLearnTask;
+      match.from = call.from;
+      match.to = call.to;
+      match.round = 1;
+      sim.network().AddFault(match, Fault::kDrop, 1);
+    }
+  });
+  sim.RunJob();
+  ASSERT_FALSE(dropped_to.empty()) << "round 1 was not broadcast";
+
+  ExpectAllDone(sim);
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+  // The scatterer sent round 1's task to the site the forward missed.
+  EXPECT_EQ(DirectTasks(sim, 1).count(dropped_to), 1u)
+      << "no direct learn task to " << dropped_to;
+}
+
+// A trainer down when the forward reaches it (its forwarder cannot connect)
+// and back a moment later: the scatterer's direct send reaches it and the
+// sites after it, and it trains in that round.
+TEST(SimBroadcastTest, ASiteDownMidChainGetsTheTaskDirectlyOnceBack) {
+  Sim sim(Config(8, 3, Broadcast));
+  std::string down;
+  bool recovered = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (call.kind != CallKind::kLearnTask || call.round != 1) return;
+    const std::string scatterer = sim.Aggregator(0);
+    if (down.empty() && call.from != scatterer &&
+        call.to != sim.Aggregator(1)) {
+      down = call.to;  // Fails: the site is isolated for this call.
+      sim.network().Isolate(down);
+    } else if (!down.empty() && !recovered && call.from == scatterer &&
+               call.to == down) {
+      recovered = true;  // The direct send finds it back.
+      sim.network().Recover(down);
+    }
+  });
+  sim.RunJob();
+  ASSERT_FALSE(down.empty()) << "round 1 was not broadcast";
+  EXPECT_TRUE(recovered) << "no direct learn task to " << down;
+
+  ExpectAllDone(sim);
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+}
+
+// A trainer cut off from round 1 to round 3, wherever it sits in the
+// chain: rounds 1 and 2 go on without it (the scatterer reports it), the
+// sites after it in the chain still train, and it takes part again from
+// round 3. Weights: 1 per site, 4 for it (4 without it, 8 with it).
+TEST(SimBroadcastTest, ASiteCutOffMidJobIsLeftOutUntilItIsBack) {
+  SimConfig config = Config(5, 5, Broadcast);
+  Sim probe(config);
+  const int cut = BystanderTrainer(probe);
+  ASSERT_GE(cut, 0);
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == cut ? 4 : 1;
+  };
+  Sim sim(config);
+  const std::string name = Sim::Name(cut);
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (call.kind == CallKind::kLearnTask && call.round == 1) {
+      sim.network().Isolate(name);
+    }
+    if (call.kind == CallKind::kLearnTask && call.round == 3) {
+      sim.network().Recover(name);
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  ASSERT_TRUE(sim.RunUntil([&] { return !ResultTimes(sim, 1).empty(); }));
+  EXPECT_THAT(sim.Status(sim.Index(sim.Aggregator(0))).last_error(),
+              HasSubstr(absl::StrCat("learn task to ", name)));
+  sim.runner().RunUntilIdle();
+
+  const std::vector<int> all = AllSites(sim);
+  ExpectAllDone(sim);
+  for (uint32_t round : {1u, 2u}) {
+    EXPECT_EQ(sim.learner(cut).globals().count(round), 0u);
+  }
+  EXPECT_EQ(sim.learner(cut).globals().count(3), 1u);
+  // Every other trainer is in rounds 1 and 2 (the task reached the sites
+  // after the cut one, forwarded or directly).
+  ExpectExactRounds(
+      sim,
+      [&](uint32_t round) {
+        return round == 1 || round == 2 ? Without(all, cut) : all;
+      },
+      all);
+}
+
+TEST(ThreadedSimBroadcastTest, CompletesWithExactAggregates) {
+  Sim sim(Threaded(Config(8, 3, Broadcast)));
+  sim.Configure();
+  sim.Start();
+  ASSERT_TRUE(sim.WaitTerminal(absl::Seconds(120)));
+  ExpectAllDone(sim);
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+}
+
+}  // namespace
+}  // namespace sim
+}  // namespace swarm

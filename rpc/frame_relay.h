@@ -1,0 +1,110 @@
+// Forwards a model stream's frames to the next site while they arrive (the
+// pipelined broadcast of a learn task, JobConfig.broadcast_learn_tasks): a
+// client-streaming call whose frames the receiving call pushes, one write in
+// flight at a time.
+//
+//   auto relay = FrameRelay::Start(channel, "LearnTask", std::move(context),
+//                                  header_frame, options, on_room, done);
+//   per frame received:  if (relay->Push(frame) == FrameRelay::kFull)
+//                          stop reading until on_room runs;
+//   at the end:          relay->Close();   (or Cancel(why) if it broke)
+//   `done` then runs once with the next site's reply or why forwarding
+//   failed.
+//
+// Backpressure: at most `max_queued_frames` frames wait. A full queue makes
+// the receiver stop reading, so a chain of sites runs at its slowest link
+// and no site buffers more than a few frames. A next hop that takes no frame
+// for `stall_timeout` is given up (its call cancelled): the receiver reads on
+// for its own copy, and the site that started the broadcast sends to the
+// sites after it directly.
+#ifndef SWARM_RPC_FRAME_RELAY_H_
+#define SWARM_RPC_FRAME_RELAY_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/swarm.pb.h"
+
+namespace swarm {
+
+class StreamWatchdog;
+
+class FrameRelay {
+ public:
+  struct Options {
+    size_t max_queued_frames = 8;
+    absl::Duration stall_timeout = absl::Seconds(10);
+    // Says which hop, in logs and errors ("learn task to site-c").
+    std::string what = "forwarded stream";
+  };
+  enum PushResult {
+    kQueued,  // There is room for more.
+    kFull,    // Queued, but the queue is full: `on_room` runs once later.
+    kEnded,   // Forwarding ended (failed or cancelled): dropped.
+  };
+  using Done = std::function<void(absl::StatusOr<v1::Reply>)>;
+
+  // Starts forwarding to `method` on `channel`, `header_frame` first.
+  // `on_room` and `done` run on gRPC or watchdog threads, with no lock of
+  // the relay's held. REQUIRES: `channel` and `watchdog` outlive the relay's
+  // `done`.
+  static std::shared_ptr<FrameRelay> Start(
+      grpc::ChannelInterface* channel, absl::string_view method,
+      std::unique_ptr<grpc::ClientContext> context,
+      const grpc::ByteBuffer& header_frame, Options options,
+      StreamWatchdog* watchdog, std::function<void()> on_room, Done done);
+
+  ~FrameRelay();
+  FrameRelay(const FrameRelay&) = delete;
+  FrameRelay& operator=(const FrameRelay&) = delete;
+
+  // Queues `frame` (a copy shares its slices) to go after the ones before.
+  PushResult Push(const grpc::ByteBuffer& frame);
+  // Every frame was pushed: the stream is closed after the last one.
+  void Close();
+  // The incoming stream broke: the forward is cancelled.
+  void Cancel();
+
+ private:
+  class Call;
+  FrameRelay() = default;
+
+  // Takes the next frame to write, if one waits and none is in flight.
+  // Returns false when there is nothing to start.
+  // Sets *writes_done when the stream is closed and every frame went out.
+  bool TakeNextWrite(grpc::ByteBuffer* frame, bool* writes_done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the stall timer for the write just started.
+  void Arm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWriteDone(bool ok);
+  // The call is over (its OnDone).
+  void Ended();
+
+  absl::Mutex mu_;
+  Call* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Until the hold is released.
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  size_t max_queued_ = 8;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool want_room_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_room_;
+  StreamWatchdog* watchdog_ = nullptr;
+  absl::Duration stall_timeout_;
+  std::string what_;
+};
+
+}  // namespace swarm
+
+#endif  // SWARM_RPC_FRAME_RELAY_H_
