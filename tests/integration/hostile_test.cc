@@ -47,6 +47,7 @@
 #include "rpc/grpc_stream.h"
 #include "rpc/tls.h"
 #include "security/certificates.h"
+#include "security/model_signature.h"
 #include "streaming/chunker.h"
 #include "tests/integration/local_swarm.h"
 
@@ -758,6 +759,93 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
                       "learn task of round 1 must come from ", aggregator0,
                       " (the aggregator of round 0), not "
                       "from mallory")));
+    }
+  }
+
+  {  // Mallory passes on round 1's learn task as if it were forwarding
+     // aggregator0's broadcast (issue 13): the header names aggregator0 as
+     // its sender, which mallory's certificate cannot prove, so only a valid
+     // signature of aggregator0's over what arrives lets it in.
+    const std::string aggregator1 = ElectionOrder(*loaded, 1)[0];
+    v1::ModelHeader header = task->header;
+    header.clear_tensors();
+    header.set_round(1);
+    header.set_sender(aggregator0);
+    header.set_aggregator(aggregator1);
+    header.set_digest_algorithm(v1::DIGEST_SHA256);
+    std::shared_ptr<const Model> model = RoundShapedModel(*task, 0.5f);
+    ASSERT_NE(model, nullptr);
+    // What aggregator0's transport would sign: the genuine model's digest.
+    const security::TlsIdentity& scatterer =
+        swarm.Identity(aggregator0, security::kSiteRole);
+    absl::StatusOr<security::ModelSigner> signer =
+        security::ModelSigner::Create(scatterer.key_pem, scatterer.cert_pem);
+    ASSERT_TRUE(signer.ok()) << signer.status();
+    absl::StatusOr<std::unique_ptr<Chunker>> genuine =
+        Chunker::Create(model, header, kChunkSize);
+    ASSERT_TRUE(genuine.ok()) << genuine.status();
+    while ((*genuine)->NextChunk().has_value()) {
+    }
+    const std::string digest = (*genuine)->Trailer().digest();
+    absl::StatusOr<std::string> signature =
+        signer->Sign((*genuine)->header(), digest);
+    ASSERT_TRUE(signature.ok()) << signature.status();
+    // Mallory alters one value and sends the rest unchanged, with a trailer
+    // that matches the altered chunks.
+    std::shared_ptr<const Model> altered = RoundShapedModel(*task, 0.5f);
+    ASSERT_NE(altered, nullptr);
+    const_cast<char*>(altered->tensor_data(0).data())[5] ^= 0x40;
+    Frames tampered = MakeFrames(altered, header, [&](v1::ModelHeader* h) {
+      h->set_digest_signature(*signature);
+      h->set_signer_certificate_pem(signer->certificate_pem());
+    });
+    // Mallory signs with its own key what it claims aggregator0 sent.
+    absl::StatusOr<security::ModelSigner> own_key =
+        security::ModelSigner::Create(
+            swarm.Identity(kMallory, security::kSiteRole).key_pem,
+            swarm.Identity(kMallory, security::kSiteRole).cert_pem);
+    ASSERT_TRUE(own_key.ok()) << own_key.status();
+    Frames self_signed = MakeFrames(model, header, [&](v1::ModelHeader* h) {
+      h->set_digest_signature("not checked: the certificate is refused first");
+      h->set_signer_certificate_pem(own_key->certificate_pem());
+    });
+    Frames unsigned_forward = MakeFrames(model, header);
+    for (const Honest& site : honest) {
+      if (site.name == aggregator0) continue;
+      SCOPED_TRACE(absl::StrCat("learn task forwarded by mallory to ",
+                                site.name));
+      StreamOutcome out;
+      if (site.trainer || site.name == aggregator1) {
+        // (A site with no part in round 1 refuses the header itself.)
+        out = SendFrames(MalloryChannel(site.name).get(), "LearnTask",
+                         {tampered.header, tampered.chunks[0],
+                          tampered.chunks[1], tampered.trailer});
+        const std::string said =
+            out.status.ok() ? out.reply.message() : out.status.error_message();
+        EXPECT_TRUE(!out.status.ok() || out.reply.outcome() != v1::OUTCOME_OK)
+            << "a tampered forward was accepted: " << said;
+        EXPECT_THAT(said, HasSubstr(absl::StrCat("learn task forwarded by ",
+                                                 kMallory, " for ",
+                                                 aggregator0)));
+        EXPECT_THAT(said, HasSubstr("does not verify"));
+      }
+
+      out = SendFrames(MalloryChannel(site.name).get(), "LearnTask",
+                       {self_signed.header, self_signed.chunks[0],
+                        self_signed.chunks[1], self_signed.trailer});
+      EXPECT_EQ(out.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << out.status.error_message();
+      EXPECT_THAT(out.status.error_message(),
+                  HasSubstr(absl::StrCat("certificate names ", kMallory)));
+
+      out = SendFrames(MalloryChannel(site.name).get(), "LearnTask",
+                       {unsigned_forward.header, unsigned_forward.chunks[0],
+                        unsigned_forward.chunks[1], unsigned_forward.trailer});
+      EXPECT_EQ(out.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << out.status.error_message();
+      EXPECT_THAT(out.status.error_message(),
+                  HasSubstr(absl::StrCat("does not match the certificate of \"",
+                                         kMallory, "\"")));
     }
   }
 
