@@ -7,7 +7,8 @@
 //
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
-//               [--model-size 1KiB] [--link-mbit N] [--variant star]
+//               [--model-size 1KiB] [--link-mbit N]
+//               [--variant star[,broadcast]]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
 // runs a scraper thread that GETs every site's /metrics HZ times per second
@@ -37,9 +38,10 @@
 // them, and the next run (or fault test) removes those whose process is
 // gone.
 //
-// --variant NAME (default star) picks how a round moves models: each variant
-// is the set of job-config fields it sets (kVariants below); the name is
-// printed in every result line.
+// --variant NAME[,NAME...] (default star) picks how a round moves models:
+// each variant is the set of job-config fields it sets (kVariants below); the
+// name is printed in every result line. With several, each size runs them in
+// turn (the same sites, links and load).
 //
 // --client defaults to ../cli/swarm-client next to this binary (the build
 // tree's layout). The job: the test learner with a 1 KiB model (256 F32) and
@@ -146,6 +148,14 @@ const RoundVariant* FindVariant(absl::string_view name) {
   return nullptr;
 }
 
+std::string VariantList(const std::vector<const RoundVariant*>& variants) {
+  std::string names;
+  for (const RoundVariant* variant : variants) {
+    absl::StrAppend(&names, names.empty() ? "" : ",", variant->name);
+  }
+  return names;
+}
+
 std::string VariantNames() {
   std::string names;
   for (const RoundVariant& variant : kVariants) {
@@ -177,7 +187,9 @@ struct Options {
   // Each site's link capped at this many Mbit/s both ways, every site in its
   // own network namespace (0: all on loopback, no cap).
   int link_mbit = 0;
-  const RoundVariant* variant = &kVariants[0];
+  const RoundVariant* variant = &kVariants[0];  // The job being run.
+  // --variant a,b: each size runs every variant in turn.
+  std::vector<const RoundVariant*> variants = {&kVariants[0]};
 };
 
 // The link shape of --link-mbit: tbf's rate is the cap; the burst and the
@@ -1033,23 +1045,27 @@ int Run(int argc, char** argv) {
         return 2;
       }
     } else if (arg == "--variant") {
-      const std::string name = value();
-      options.variant = FindVariant(name);
-      if (options.variant == nullptr) {
-        std::fprintf(stderr,
-                     "round_bench: unknown --variant \"%s\"; known: %s\n",
-                     name.c_str(), VariantNames().c_str());
-        for (const RoundVariant& variant : kVariants) {
-          std::fprintf(stderr, "  %s: %s\n", variant.name, variant.what);
+      options.variants.clear();
+      for (absl::string_view name : absl::StrSplit(value(), ',')) {
+        const RoundVariant* variant = FindVariant(name);
+        if (variant == nullptr) {
+          std::fprintf(stderr,
+                       "round_bench: unknown --variant \"%s\"; known: %s\n",
+                       std::string(name).c_str(), VariantNames().c_str());
+          for (const RoundVariant& known : kVariants) {
+            std::fprintf(stderr, "  %s: %s\n", known.name, known.what);
+          }
+          return 2;
         }
-        return 2;
+        options.variants.push_back(variant);
       }
+      options.variant = options.variants.front();
     } else {
       std::fprintf(stderr,
                    "usage: round_bench [--client PATH] [--sites 2,4,8,16] "
                    "[--rounds 20] [--max-concurrent N] [--insecure] "
                    "[--keep] [--scrape-hz HZ] [--model-size 1KiB] "
-                   "[--link-mbit N] [--variant %s]\n",
+                   "[--link-mbit N] [--variant %s[,...]]\n",
                    VariantNames().c_str());
       return 2;
     }
@@ -1094,10 +1110,10 @@ int Run(int argc, char** argv) {
   }
   std::printf(
       "round_bench: swarm-client %s, %s model (one F32 tensor), test "
-      "learner, %d rounds per job, %s, variant %s\n",
+      "learner, %d rounds per job, %s, variants %s\n",
       options.client.c_str(), bench::HumanBytes(options.model_bytes).c_str(),
       options.rounds, options.insecure ? "plaintext (--insecure)" : "mTLS",
-      options.variant->name);
+      VariantList(options.variants).c_str());
   if (options.link_mbit > 0) {
     const testing::LinkShape shape = ShapeFor(options.link_mbit);
     std::printf(
@@ -1110,67 +1126,77 @@ int Run(int argc, char** argv) {
   }
   std::fflush(stdout);
   std::map<int, double> medians;
-  std::map<int, double> link_ratios;  // With --link-mbit.
+  // With --link-mbit, per variant and size.
+  std::map<std::string, std::map<int, double>> link_ratios;
   for (int sites : options.sizes) {
-    absl::StatusOr<SizeResult> result = RunSize(options, sites);
-    if (!result.ok()) {
-      std::fprintf(stderr, "round_bench: %d sites: %s\n", sites,
-                   std::string(result.status().message()).c_str());
-      return 1;
-    }
-    const double median = Median(result->round_ms);
-    medians[sites] = median;
-    if (result->link_check_bytes > 0) {
-      const double at_cap =
-          ModelOverLinkSeconds(result->link_check_bytes, options.link_mbit);
+    for (const RoundVariant* variant : options.variants) {
+      options.variant = variant;
+      absl::StatusOr<SizeResult> result = RunSize(options, sites);
+      if (!result.ok()) {
+        std::fprintf(stderr, "round_bench: %d sites: %s\n", sites,
+                     std::string(result.status().message()).c_str());
+        return 1;
+      }
+      const double median = Median(result->round_ms);
+      medians[sites] = median;
+      if (result->link_check_bytes > 0) {
+        const double at_cap =
+            ModelOverLinkSeconds(result->link_check_bytes, options.link_mbit);
+        std::printf(
+            "sites=%d link_check: %s from site-00 to site-01 in %.3f s, %.1f "
+            "Mbit/s (%.3f s at the %d Mbit/s cap: measured / cap time %.3f)\n",
+            sites, bench::HumanBytes(result->link_check_bytes).c_str(),
+            result->link_check_s,
+            result->link_check_bytes * 8 / result->link_check_s / 1e6, at_cap,
+            options.link_mbit, result->link_check_s / at_cap);
+      }
       std::printf(
-          "sites=%d link_check: %s from site-00 to site-01 in %.3f s, %.1f "
-          "Mbit/s (%.3f s at the %d Mbit/s cap: measured / cap time %.3f)\n",
-          sites, bench::HumanBytes(result->link_check_bytes).c_str(),
-          result->link_check_s,
-          result->link_check_bytes * 8 / result->link_check_s / 1e6, at_cap,
-          options.link_mbit, result->link_check_s / at_cap);
+          "sites=%d variant=%s rounds=%d round_ms median=%.1f min=%.1f "
+          "p90=%.1f "
+          "max=%.1f job_ms=%.0f cpu_ms_per_round=%.1f "
+          "max_threads_per_daemon=%d "
+          "loadavg=%s\n",
+          sites, options.variant->name, options.rounds, median,
+          *std::min_element(result->round_ms.begin(), result->round_ms.end()),
+          Percentile(result->round_ms, 0.9),
+          *std::max_element(result->round_ms.begin(), result->round_ms.end()),
+          result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
+          LoadAverage().c_str());
+      if (!result->peak_rss.empty()) {
+        const uint64_t most =
+            *std::max_element(result->peak_rss.begin(), result->peak_rss.end());
+        std::vector<double> mib;
+        for (uint64_t bytes : result->peak_rss)
+          mib.push_back(bytes / 1048576.0);
+        std::printf(
+            "sites=%d peak_rss_mib max=%.1f median=%.1f "
+            "peak_rss_over_model=%.2f (the most any daemon held / model "
+            "bytes)\n",
+            sites, most / 1048576.0, Median(mib),
+            static_cast<double>(most) /
+                static_cast<double>(options.model_bytes));
+      }
+      if (options.link_mbit > 0) {
+        const double model_s =
+            ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
+        link_ratios[variant->name][sites] = median / 1000 / model_s;
+        std::printf(
+            "sites=%d variant=%s link_mbit=%d model_over_link_s=%.4g "
+            "round_s_median=%.3f link_ratio=%.2f (median round / one model "
+            "over "
+            "one link; the star's is about 2(N-1) = %d)\n",
+            sites, options.variant->name, options.link_mbit, model_s,
+            median / 1000, link_ratios[variant->name][sites], 2 * (sites - 1));
+      }
+      if (options.scrape_hz > 0) {
+        std::printf(
+            "scrape_hz=%g scrapes=%d failed=%d mean_scrape_ms=%.2f (every "
+            "site's /metrics)\n",
+            options.scrape_hz, result->scrapes, result->scrape_failures,
+            result->scrape_ms);
+      }
+      std::fflush(stdout);
     }
-    std::printf(
-        "sites=%d variant=%s rounds=%d round_ms median=%.1f min=%.1f p90=%.1f "
-        "max=%.1f job_ms=%.0f cpu_ms_per_round=%.1f max_threads_per_daemon=%d "
-        "loadavg=%s\n",
-        sites, options.variant->name, options.rounds, median,
-        *std::min_element(result->round_ms.begin(), result->round_ms.end()),
-        Percentile(result->round_ms, 0.9),
-        *std::max_element(result->round_ms.begin(), result->round_ms.end()),
-        result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
-        LoadAverage().c_str());
-    if (!result->peak_rss.empty()) {
-      const uint64_t most =
-          *std::max_element(result->peak_rss.begin(), result->peak_rss.end());
-      std::vector<double> mib;
-      for (uint64_t bytes : result->peak_rss) mib.push_back(bytes / 1048576.0);
-      std::printf(
-          "sites=%d peak_rss_mib max=%.1f median=%.1f "
-          "peak_rss_over_model=%.2f (the most any daemon held / model bytes)\n",
-          sites, most / 1048576.0, Median(mib),
-          static_cast<double>(most) / static_cast<double>(options.model_bytes));
-    }
-    if (options.link_mbit > 0) {
-      const double model_s =
-          ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
-      link_ratios[sites] = median / 1000 / model_s;
-      std::printf(
-          "sites=%d variant=%s link_mbit=%d model_over_link_s=%.4g "
-          "round_s_median=%.3f link_ratio=%.2f (median round / one model over "
-          "one link; the star's is about 2(N-1) = %d)\n",
-          sites, options.variant->name, options.link_mbit, model_s,
-          median / 1000, link_ratios[sites], 2 * (sites - 1));
-    }
-    if (options.scrape_hz > 0) {
-      std::printf(
-          "scrape_hz=%g scrapes=%d failed=%d mean_scrape_ms=%.2f (every "
-          "site's /metrics)\n",
-          options.scrape_hz, result->scrapes, result->scrape_failures,
-          result->scrape_ms);
-    }
-    std::fflush(stdout);
   }
   const int last = options.sizes.back();
   if (medians.count(16) > 0) {
@@ -1179,8 +1205,10 @@ int Run(int argc, char** argv) {
     std::printf("round_ms_%d=%.1f\n", last, medians[last]);
   }
   if (options.link_mbit > 0) {
-    std::printf("link_ratio_%s_%d=%.2f\n", options.variant->name, last,
-                link_ratios[last]);
+    for (const RoundVariant* variant : options.variants) {
+      std::printf("link_ratio_%s_%d=%.2f\n", variant->name, last,
+                  link_ratios[variant->name][last]);
+    }
   }
   return 0;
 }
