@@ -140,10 +140,8 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
       answered.erase(site);
     }
   }
-  if (!direct.empty() && it != scatters_.end() && Active()) {
-    // No grace for these: each direct send has its own deadline, and a
-    // large model may take longer than a failover timeout to arrive.
-    it->second.grace_set = true;
+  const bool fallback = !direct.empty() && it != scatters_.end() && Active();
+  if (fallback) {
     SWARM_LOG_INFO(
         "round %d: the broadcast did not reach %s; sending the learn task "
         "directly",
@@ -151,9 +149,17 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
     for (const std::string& site : direct) {
       SendTaskToTrainer(it->second, site);
     }
+    // The grace for the sites still silent starts at the first direct
+    // acknowledgement, as in a scatter without broadcast: the chain's
+    // answers came before these sends began.
+    it->second.grace_set = true;
   }
   for (const auto& [site, status] : answered) {
     NoteTaskToTrainer(call.round, site, status);
+  }
+  if (fallback) {
+    auto again = scatters_.find(call.round);
+    if (again != scatters_.end()) again->second.grace_set = false;
   }
 }
 

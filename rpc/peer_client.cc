@@ -1,8 +1,11 @@
 #include "rpc/peer_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "rpc/frame_relay.h"
 #include "rpc/grpc_stream.h"
+#include "rpc/stream_watchdog.h"
 #include "streaming/chunker.h"
 
 namespace swarm {
@@ -43,7 +46,12 @@ std::shared_ptr<grpc::Channel> PeerChannels::Get(const std::string& address) {
 
 GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
                                      absl::Duration unary_timeout)
-    : channels_(channels), runner_(runner), unary_timeout_(unary_timeout) {}
+    : channels_(channels),
+      runner_(runner),
+      unary_timeout_(unary_timeout),
+      watchdog_(std::make_unique<StreamWatchdog>()) {}
+
+GrpcPeerTransport::~GrpcPeerTransport() = default;
 
 void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
   for (const v1::SiteInfo& site : job.sites()) {
@@ -55,8 +63,7 @@ void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
 void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
                              Done done) {
   if (message.is_model_stream()) {
-    if (message.header.relay_to_size() > 0 && signer_ != nullptr &&
-        message.model != nullptr) {
+    if (message.header.relay_to_size() > 0 && message.model != nullptr) {
       runner_->Post([this, to, message = std::move(message),
                      done = std::move(done)]() mutable {
         SignAndSend(to, std::move(message), std::move(done));
@@ -71,8 +78,11 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
 
 void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to,
                                     PeerMessage message, Done done) {
+  if (signer_ == nullptr) {
+    return SendChainHead(to, std::move(message), std::move(done));
+  }
   // The signature covers the stream digest, which must be SHA-256; the
-  // chunks are the same ones SendStream cuts (same model, chunk size).
+  // chunks are the same ones SendChainHead cuts (same model, chunk size).
   message.header.set_digest_algorithm(v1::DIGEST_SHA256);
   message.header.set_chunk_size(message.header.chunk_size() != 0
                                     ? message.header.chunk_size()
@@ -97,7 +107,97 @@ void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to,
   }
   message.header.set_digest_signature(*signature);
   message.header.set_signer_certificate_pem(signer_->certificate_pem());
-  SendStream(to, std::move(message), std::move(done));
+  SendChainHead(to, std::move(message), std::move(done));
+}
+
+namespace {
+
+// Feeds a model's frames into a FrameRelay as it takes them: the head of a
+// broadcast is sent like a forward, so a head that stops reading is given up
+// after the stall timeout instead of at the stream's deadline (the whole
+// chain waits behind it).
+class ChainHeadFeed {
+ public:
+  explicit ChainHeadFeed(std::unique_ptr<Chunker> chunker)
+      : chunker_(std::move(chunker)),
+        keep_alive_(chunker_->model()->storage()) {}
+
+  void set_relay(std::shared_ptr<FrameRelay> relay) {
+    absl::MutexLock lock(&mu_);
+    relay_ = std::move(relay);
+  }
+
+  // Pushes frames until the relay is full (its on_room calls Pump again) or
+  // every frame is out. Runs on one thread at a time: a second call comes
+  // only from on_room, after a push that found the queue full.
+  void Pump() {
+    std::shared_ptr<FrameRelay> relay;
+    {
+      absl::MutexLock lock(&mu_);
+      relay = relay_;
+    }
+    if (relay == nullptr) return;
+    while (true) {
+      std::optional<ChunkRef> chunk = chunker_->NextChunk();
+      if (!chunk.has_value()) {
+        relay->Push(EncodeTrailerFrame(chunker_->Trailer()));
+        relay->Close();
+        return;
+      }
+      const FrameRelay::PushResult pushed =
+          relay->Push(EncodeChunkFrame(*chunk, keep_alive_));
+      if (pushed != FrameRelay::kQueued) return;  // Full, or ended.
+    }
+  }
+
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    relay_.reset();
+  }
+
+ private:
+  const std::unique_ptr<Chunker> chunker_;
+  const std::shared_ptr<const void> keep_alive_;
+  absl::Mutex mu_;
+  std::shared_ptr<FrameRelay> relay_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
+                                      PeerMessage message, Done done) {
+  const uint64_t chunk_size = message.header.chunk_size() != 0
+                                  ? message.header.chunk_size()
+                                  : kDefaultChunkSize;
+  absl::StatusOr<std::unique_ptr<Chunker>> chunker =
+      Chunker::Create(message.model, message.header, chunk_size);
+  if (!chunker.ok()) return done(chunker.status());
+  const v1::ModelHeader header = (*chunker)->header();
+  auto feed = std::make_shared<ChainHeadFeed>(std::move(*chunker));
+  const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetDeadline(context.get(), std::max(timeout, StreamDeadline(
+                                                   message.model->total_bytes())));
+  FrameRelay::Options options;
+  options.max_queued_frames = 8;
+  options.stall_timeout = timeout;
+  options.what = absl::StrCat("round ", header.round(),
+                              " learn task broadcast to ", to.name());
+  const absl::string_view method = CallKindName(message.kind);
+  std::shared_ptr<FrameRelay> relay = FrameRelay::Start(
+      channels_->Get(to.address()).get(), method, std::move(context),
+      EncodeHeaderFrame(header), std::move(options), watchdog_.get(),
+      [feed] { feed->Pump(); },
+      [feed, to, method, done = std::move(done)](
+          absl::StatusOr<v1::Reply> reply) {
+        feed->Release();  // Breaks the cycle feed -> relay -> callbacks.
+        if (!reply.ok()) return done(PeerError(to, method, reply.status()));
+        PeerReply peer;
+        peer.reply = std::move(*reply);
+        done(std::move(peer));
+      });
+  feed->set_relay(std::move(relay));
+  feed->Pump();
 }
 
 void GrpcPeerTransport::SendStream(const v1::SiteInfo& to, PeerMessage message,

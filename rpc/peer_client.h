@@ -19,6 +19,8 @@
 
 namespace swarm {
 
+class StreamWatchdog;
+
 // Deadline for streaming `bytes`: a base plus the time at a slow 20 MB/s.
 absl::Duration StreamDeadline(uint64_t bytes);
 
@@ -46,6 +48,7 @@ class GrpcPeerTransport final : public PeerTransport {
   // of any call.
   GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
                     absl::Duration unary_timeout = absl::Seconds(10));
+  ~GrpcPeerTransport() override;
   GrpcPeerTransport(const GrpcPeerTransport&) = delete;
   GrpcPeerTransport& operator=(const GrpcPeerTransport&) = delete;
 
@@ -68,11 +71,16 @@ class GrpcPeerTransport final : public PeerTransport {
   // Signs `message` (a broadcast learn task) and sends it, on the runner:
   // the digest reads the whole model.
   void SignAndSend(const v1::SiteInfo& to, PeerMessage message, Done done);
+  // A broadcast's head: sent through a FrameRelay, so that a head that
+  // stops reading is given up after the call's timeout (the chain behind it
+  // then gets the task directly).
+  void SendChainHead(const v1::SiteInfo& to, PeerMessage message, Done done);
 
   PeerChannels* const channels_;
   TaskRunner* const runner_;
   const absl::Duration unary_timeout_;
   std::shared_ptr<const security::ModelSigner> signer_;
+  std::unique_ptr<StreamWatchdog> watchdog_;  // Stalled broadcast heads.
 };
 
 }  // namespace swarm
