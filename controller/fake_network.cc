@@ -215,7 +215,7 @@ void FakeNetwork::SendRelayed(const std::string& from, const v1::SiteInfo& to,
                                 message.header.relay_to().end());
   message.header.clear_relay_to();
   PeerMessage onward = message;  // Shares the model.
-  Send(from, to,  std::move(message),
+  Send(from, to, std::move(message),
        [this, forwarder = to.name(), onward = std::move(onward), rest,
         done = std::move(done)](absl::StatusOr<PeerReply> reply) mutable {
          // A forwarder that refused the stream forwards nothing.
@@ -225,26 +225,25 @@ void FakeNetwork::SendRelayed(const std::string& from, const v1::SiteInfo& to,
          for (size_t i = 1; i < rest.size(); ++i) {
            onward.header.add_relay_to(rest[i]);
          }
-         SendRelayed(
-             forwarder, next, std::move(onward),
-             [reply = std::move(*reply), next = rest[0],
-              done = std::move(done)](
-                 absl::StatusOr<PeerReply> forwarded) mutable {
-               v1::RelayOutcome* hop = reply.reply.add_relayed();
-               hop->set_site(next);
-               if (!forwarded.ok()) {
-                 hop->set_transport_failed(true);
-                 hop->set_message(forwarded.status().ToString());
-               } else {
-                 hop->set_outcome(forwarded->reply.outcome());
-                 hop->set_message(forwarded->reply.message());
-                 for (const v1::RelayOutcome& later :
-                      forwarded->reply.relayed()) {
-                   *reply.reply.add_relayed() = later;
-                 }
-               }
-               done(std::move(reply));
-             });
+         SendRelayed(forwarder, next, std::move(onward),
+                     [reply = std::move(*reply), next = rest[0],
+                      done = std::move(done)](
+                         absl::StatusOr<PeerReply> forwarded) mutable {
+                       v1::RelayOutcome* hop = reply.reply.add_relayed();
+                       hop->set_site(next);
+                       if (!forwarded.ok()) {
+                         hop->set_transport_failed(true);
+                         hop->set_message(forwarded.status().ToString());
+                       } else {
+                         hop->set_outcome(forwarded->reply.outcome());
+                         hop->set_message(forwarded->reply.message());
+                         for (const v1::RelayOutcome& later :
+                              forwarded->reply.relayed()) {
+                           *reply.reply.add_relayed() = later;
+                         }
+                       }
+                       done(std::move(reply));
+                     });
        });
 }
 

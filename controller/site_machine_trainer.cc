@@ -111,8 +111,8 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
   answered[call.chain[0]] = ReplyStatus(e);
   if (e.reply.ok()) {
     for (const v1::RelayOutcome& relayed : e.reply->reply.relayed()) {
-      if (std::find(call.chain.begin() + 1, call.chain.end(),
-                    relayed.site()) == call.chain.end() ||
+      if (std::find(call.chain.begin() + 1, call.chain.end(), relayed.site()) ==
+              call.chain.end() ||
           answered.count(relayed.site()) > 0) {
         continue;  // Not a site of this chain: ignored.
       }
@@ -162,7 +162,6 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
     if (again != scatters_.end()) again->second.grace_set = false;
   }
 }
-
 
 void SiteMachine::OnTaskToTrainerDone(const Call& call,
                                       const event::CallDone& e) {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -42,9 +42,9 @@ class NextHop : public RawModelService {
  public:
   NextHop() {
     AddModelUploadMethod(
-        "LearnTask", [this](grpc::ServerContext* context,
-                            grpc::ServerReader<grpc::ByteBuffer>* reader,
-                            v1::Reply* reply) {
+        "LearnTask",
+        [this](grpc::ServerContext* context,
+               grpc::ServerReader<grpc::ByteBuffer>* reader, v1::Reply* reply) {
           grpc::ByteBuffer frame;
           while (reader->Read(&frame)) {
             absl::MutexLock lock(&mu_);
@@ -105,11 +105,10 @@ class FrameRelayTest : public ::testing::Test {
   std::shared_ptr<FrameRelay> Start(grpc::ChannelInterface* channel,
                                     Outcome* outcome, FrameRelay::Options o) {
     auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     return FrameRelay::Start(
-        channel, "LearnTask", std::move(context), Frame("header"),
-        std::move(o), &watchdog_, [outcome] { ++outcome->rooms; },
+        channel, "LearnTask", std::move(context), Frame("header"), std::move(o),
+        &watchdog_, [outcome] { ++outcome->rooms; },
         [outcome](absl::StatusOr<v1::Reply> reply) {
           outcome->reply = std::move(reply);
           outcome->done.Notify();
@@ -188,8 +187,8 @@ TEST_F(FrameRelayTest, ANextHopThatStopsReadingIsGivenUpAfterTheStall) {
 
 TEST_F(FrameRelayTest, ANextHopThatIsNotThereEndsTheRelay) {
   // A port nothing listens on.
-  auto channel = grpc::CreateChannel("127.0.0.1:1",
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials());
   Outcome outcome;
   std::shared_ptr<FrameRelay> relay =
       Start(channel.get(), &outcome, FrameRelay::Options());

@@ -420,12 +420,11 @@ void RawModelService::AddModelUploadMethod(absl::string_view method,
 void RawModelService::AddCallbackUploadMethod(absl::string_view method,
                                               CallbackUploadHandler handler) {
   const int index = AddCountedMethod(new grpc::internal::RpcServiceMethod(
-      StoreName(method), grpc::internal::RpcMethod::CLIENT_STREAMING,
-      nullptr));
+      StoreName(method), grpc::internal::RpcMethod::CLIENT_STREAMING, nullptr));
   MarkMethodCallback(
       index,
       new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer,
-                                                          v1::Reply>(
+                                                         v1::Reply>(
           [handler](grpc::CallbackServerContext* context, v1::Reply* reply) {
             return handler(context, reply);
           }));

@@ -76,8 +76,8 @@ void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
   SendUnary(to, std::move(message), std::move(done), timeout);
 }
 
-void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to,
-                                    PeerMessage message, Done done) {
+void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to, PeerMessage message,
+                                    Done done) {
   if (signer_ == nullptr) {
     return SendChainHead(to, std::move(message), std::move(done));
   }
@@ -100,10 +100,11 @@ void GrpcPeerTransport::SignAndSend(const v1::SiteInfo& to,
     signature = signer_->Sign(message.header, digest);
   }
   if (!signature.ok()) {
-    return done(PeerError(to, CallKindName(message.kind),
-                          absl::Status(signature.status().code(),
-                                       absl::StrCat("signing the model: ",
-                                                    signature.status().message()))));
+    return done(
+        PeerError(to, CallKindName(message.kind),
+                  absl::Status(signature.status().code(),
+                               absl::StrCat("signing the model: ",
+                                            signature.status().message()))));
   }
   message.header.set_digest_signature(*signature);
   message.header.set_signer_certificate_pem(signer_->certificate_pem());
@@ -176,8 +177,8 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
   auto feed = std::make_shared<ChainHeadFeed>(std::move(*chunker));
   const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
   auto context = std::make_unique<grpc::ClientContext>();
-  SetDeadline(context.get(), std::max(timeout, StreamDeadline(
-                                                   message.model->total_bytes())));
+  SetDeadline(context.get(),
+              std::max(timeout, StreamDeadline(message.model->total_bytes())));
   FrameRelay::Options options;
   options.max_queued_frames = 8;
   options.stall_timeout = timeout;
@@ -188,8 +189,8 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
       channels_->Get(to.address()).get(), method, std::move(context),
       EncodeHeaderFrame(header), std::move(options), watchdog_.get(),
       [feed] { feed->Pump(); },
-      [feed, to, method, done = std::move(done)](
-          absl::StatusOr<v1::Reply> reply) {
+      [feed, to, method,
+       done = std::move(done)](absl::StatusOr<v1::Reply> reply) {
         feed->Release();  // Breaks the cycle feed -> relay -> callbacks.
         if (!reply.ok()) return done(PeerError(to, method, reply.status()));
         PeerReply peer;

@@ -282,8 +282,7 @@ class PeerService::UploadCall final
       if (relay_ != nullptr) relay_->Cancel();
       return HandToSite(fed);
     }
-    if (onward.has_value() &&
-        relay_->Push(*onward) == FrameRelay::kFull) {
+    if (onward.has_value() && relay_->Push(*onward) == FrameRelay::kFull) {
       return;  // The relay's on_room reads on.
     }
     StartRead(&frame_);
@@ -419,23 +418,22 @@ class PeerService::UploadCall final
         *signed_header_, receiver_.assembler()->stream_digest());
     if (verified.ok()) return model;
     const std::string by =
-        forwarded_by_.empty() ? std::string("sent by ")
-                              : absl::StrCat("forwarded by ", forwarded_by_,
-                                             " for ");
+        forwarded_by_.empty()
+            ? std::string("sent by ")
+            : absl::StrCat("forwarded by ", forwarded_by_, " for ");
     SWARM_LOG_WARNING("refused a learn task %s%s: %s", by,
                       signed_header_->sender(), verified.message());
-    return absl::Status(verified.code(),
-                        absl::StrCat("learn task ", by,
-                                     signed_header_->sender(), ": ",
-                                     verified.message()));
+    return absl::Status(
+        verified.code(),
+        absl::StrCat("learn task ", by, signed_header_->sender(), ": ",
+                     verified.message()));
   }
 
   // Forwards the stream to relay_to[0], with the rest of the list.
   void StartRelay(const v1::ModelHeader& header) {
     const std::string next = header.relay_to(0);
     const std::optional<v1::JobConfig> job = service_->controller_->job();
-    const v1::SiteInfo* site =
-        job.has_value() ? FindSite(*job, next) : nullptr;
+    const v1::SiteInfo* site = job.has_value() ? FindSite(*job, next) : nullptr;
     if (service_->options_.forward_channels == nullptr || site == nullptr) {
       // Not forwarded: the sender sends to the rest itself.
       SWARM_LOG_WARNING("round %d: not forwarding the learn task to %s: %s",
@@ -453,9 +451,8 @@ class PeerService::UploadCall final
                    : deadline - kRelayMargin;
     context->set_deadline(absl::ToChronoTime(deadline));
     FrameRelay::Options options;
-    options.stall_timeout =
-        std::max(absl::Seconds(1),
-                 absl::Milliseconds(job->failover_timeout_ms()));
+    options.stall_timeout = std::max(
+        absl::Seconds(1), absl::Milliseconds(job->failover_timeout_ms()));
     options.what = absl::StrCat("round ", header.round(),
                                 " learn task forwarded to ", next);
     {

@@ -23,11 +23,10 @@ StreamWatchdog::~StreamWatchdog() {
 void StreamWatchdog::Watch(grpc::ServerContextBase* context,
                            absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  watched_[context] =
-      Watched{deadline,
-              absl::StrCat("a model stream from ", context->peer(),
-                           ": too slow"),
-              [context] { context->TryCancel(); }, /*under_lock=*/true};
+  watched_[context] = Watched{
+      deadline,
+      absl::StrCat("a model stream from ", context->peer(), ": too slow"),
+      [context] { context->TryCancel(); }, /*under_lock=*/true};
   ++version_;
 }
 

@@ -19,7 +19,8 @@
 //     collision resistant, so a forwarder could craft other bytes with the
 //     same XXH3 digest. Signing and verifying refuse DIGEST_XXH3_128.
 //   - The header, whole but for the two signature fields (digest_signature,
-//     signer_certificate_pem) and the forward list (relay_to), because the receiver acts on all of it:
+//     signer_certificate_pem) and the forward list (relay_to), because the
+//     receiver acts on all of it:
 //       job_id: a model of another job of the same CA is not replayed here;
 //       round, attempt, lineage: an old round's or a superseded attempt's
 //         model is not replayed as this one;

@@ -21,10 +21,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "proto/swarm.pb.h"
-#include "streaming/digest.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
+#include "proto/swarm.pb.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 

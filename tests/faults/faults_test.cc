@@ -47,6 +47,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "config/election.h"
@@ -80,6 +81,8 @@ struct CaseOptions {
   std::vector<std::pair<std::string, int>> site_train_ms;
   // Aggregators keep every round's global model, for CheckRounds.
   bool keep_round_models = true;
+  // broadcast_learn_tasks.
+  bool broadcast = false;
 };
 
 bool InState(const Snapshot& snapshot, const std::string& site,
@@ -156,6 +159,7 @@ class NetFaults : public ::testing::Test {
     // test learner's results all add the same delta, so the models do not
     // depend on the weights.
     job_.set_keep_round_models(options.keep_round_models);
+    job_.set_broadcast_learn_tasks(options.broadcast);
     for (size_t i = 0; i < kSites.size(); ++i) {
       params[absl::StrCat("sample_count.", kSites[i])] =
           absl::StrCat(uint64_t{1} << i);
@@ -729,6 +733,48 @@ TEST_F(NetFaults, FrozenTrainerBeyondRoundTimeout) {
   Expect expect;
   expect.unsteady = {kBystander};
   ExpectJobCompletes(expect);
+}
+
+// (d2) Learn tasks broadcast along the trainers, and the bystander frozen
+// (SIGSTOP) for 20 s once it submitted round 1, so round 2's chain runs into
+// it: the site forwarding to it (or the scatterer, if it is the chain's
+// head) stops getting frames taken, gives it up after its stall timeout, and
+// the scatterer sends the task directly to it and to the sites after it. A
+// 32 MiB model, so that the frozen site's socket buffers cannot take the
+// whole stream.
+TEST_F(NetFaults, BroadcastChainRunsIntoAFrozenTrainer) {
+  CaseOptions options;
+  options.rounds = 4;
+  options.broadcast = true;
+  options.model_floats = 8 << 20;
+  options.train_ms = 1000;
+  options.site_train_ms = {{kBystander, 200}};
+  MakeJob(options);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, SubmittedRound(1), "s4 to submit round 1"));
+  ASSERT_TRUE(swarm_->Signal(kBystander, SIGSTOP).ok());
+  Note("SIGSTOP s4");
+  absl::SleepFor(absl::Seconds(20));
+  ASSERT_TRUE(swarm_->Signal(kBystander, SIGCONT).ok());
+  Note("SIGCONT s4");
+  Expect expect;
+  expect.unsteady = {kBystander};
+  ExpectJobCompletes(expect);
+  int broadcasts = 0;
+  bool fell_back = false;
+  for (const std::string& site : kSites) {
+    for (absl::string_view line :
+         absl::StrSplit(swarm_->Log(site, 100000), '\n')) {
+      if (absl::StrContains(line, "broadcasting the learn task")) ++broadcasts;
+      if (absl::StrContains(line, "the broadcast did not reach") &&
+          absl::StrContains(line, kBystander)) {
+        fell_back = true;
+      }
+    }
+  }
+  EXPECT_EQ(broadcasts, 4) << "every round's task is broadcast";
+  EXPECT_TRUE(fell_back) << "no fallback to a direct send to s4 logged";
 }
 
 // (e1) Round 1's aggregator killed -9 while the trainers train round 1; it

@@ -812,8 +812,8 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
     Frames unsigned_forward = MakeFrames(model, header);
     for (const Honest& site : honest) {
       if (site.name == aggregator0) continue;
-      SCOPED_TRACE(absl::StrCat("learn task forwarded by mallory to ",
-                                site.name));
+      SCOPED_TRACE(
+          absl::StrCat("learn task forwarded by mallory to ", site.name));
       StreamOutcome out;
       if (site.trainer || site.name == aggregator1) {
         // (A site with no part in round 1 refuses the header itself.)
@@ -824,9 +824,9 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
             out.status.ok() ? out.reply.message() : out.status.error_message();
         EXPECT_TRUE(!out.status.ok() || out.reply.outcome() != v1::OUTCOME_OK)
             << "a tampered forward was accepted: " << said;
-        EXPECT_THAT(said, HasSubstr(absl::StrCat("learn task forwarded by ",
-                                                 kMallory, " for ",
-                                                 aggregator0)));
+        EXPECT_THAT(said,
+                    HasSubstr(absl::StrCat("learn task forwarded by ", kMallory,
+                                           " for ", aggregator0)));
         EXPECT_THAT(said, HasSubstr("does not verify"));
       }
 

@@ -16,18 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "config/election.h"
 #include "config/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "persist/workspace.h"
 #include "model/model.h"
+#include "persist/workspace.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {
