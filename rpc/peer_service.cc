@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -344,6 +345,11 @@ class PeerService::UploadCall final
     grpc::Status allowed =
         service_->Authorize(context_, what, Rule::kSender, caller, &slot_);
     if (!allowed.ok()) return EndNow(allowed);
+    if (grpc::Status relay = CheckRelayList(header); !relay.ok()) {
+      SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, caller,
+                        context_->peer(), relay.error_message());
+      return EndNow(relay);
+    }
     service_->watchdog_->Watch(
         context_, absl::Now() + service_->options_.max_stream_time);
     watched_ = true;
@@ -408,6 +414,37 @@ class PeerService::UploadCall final
     }
     forwarded_by_ = identity.name;
     *caller = identity.name;
+    return grpc::Status::OK;
+  }
+
+  // A forward list names each other site of the job at most once, and only
+  // a learn task has one: a longer or looping list would make the sites
+  // pass one stream around without end.
+  grpc::Status CheckRelayList(const v1::ModelHeader& header) {
+    if (header.relay_to_size() == 0) return grpc::Status::OK;
+    auto bad = [](std::string why) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("relay_to: ", why));
+    };
+    if (header.kind() != v1::MODEL_KIND_LEARN_TASK) {
+      return bad("only a learn task is forwarded");
+    }
+    const std::optional<v1::JobConfig> job = service_->controller_->job();
+    if (!job.has_value()) return bad("this site has no job");
+    std::set<std::string> seen;
+    for (const std::string& site : header.relay_to()) {
+      if (FindSite(*job, site) == nullptr) {
+        return bad(absl::StrCat("\"", site, "\" is not a site of job ",
+                                job->job_id()));
+      }
+      if (site == service_->controller_->site() || site == header.sender()) {
+        return bad(
+            absl::StrCat("names ", site, ", which already has the stream"));
+      }
+      if (!seen.insert(site).second) {
+        return bad(absl::StrCat("names ", site, " twice"));
+      }
+    }
     return grpc::Status::OK;
   }
 

@@ -810,6 +810,14 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
       h->set_signer_certificate_pem(own_key->certificate_pem());
     });
     Frames unsigned_forward = MakeFrames(model, header);
+    // A forward list that passes the stream back and forth.
+    Frames looping = MakeFrames(model, header, [&](v1::ModelHeader* h) {
+      h->set_digest_signature(*signature);
+      h->set_signer_certificate_pem(signer->certificate_pem());
+      for (int i = 0; i < 2; ++i) {
+        for (const Honest& other : honest) h->add_relay_to(other.name);
+      }
+    });
     for (const Honest& site : honest) {
       if (site.name == aggregator0) continue;
       SCOPED_TRACE(
@@ -829,6 +837,13 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
                                            " for ", aggregator0)));
         EXPECT_THAT(said, HasSubstr("does not verify"));
       }
+
+      out = SendFrames(MalloryChannel(site.name).get(), "LearnTask",
+                       {looping.header, looping.chunks[0], looping.chunks[1],
+                        looping.trailer});
+      EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << out.status.error_message();
+      EXPECT_THAT(out.status.error_message(), HasSubstr("relay_to: names "));
 
       out = SendFrames(MalloryChannel(site.name).get(), "LearnTask",
                        {self_signed.header, self_signed.chunks[0],
