@@ -262,6 +262,8 @@ void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,
     record.aggregator = message.header.aggregator();
     record.model_kind = message.header.kind();
     record.failed_result = message.header.failed();
+    record.body_bytes =
+        message.model != nullptr ? message.model->total_bytes() : 0;
   }
   call->message = std::move(message);
   call->done = std::move(done);

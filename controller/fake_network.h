@@ -82,6 +82,8 @@ struct CallRecord {
   // Model streams: the header's kind and whether it is a failed result.
   v1::ModelKind model_kind = v1::MODEL_KIND_UNSPECIFIED;
   bool failed_result = false;
+  // Model streams: the bytes of the body (0 for a header-only stream).
+  uint64_t body_bytes = 0;
   absl::Time start;
   absl::Time end;
   // "", or the fault applied ("isolated", "drop", "drop_reply", ...).

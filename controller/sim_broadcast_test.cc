@@ -21,16 +21,10 @@ namespace {
 
 void Broadcast(v1::JobConfig* job) { job->set_broadcast_learn_tasks(true); }
 
-// The site that scattered `round`: the one that sent the round's
-// aggregator its learn task.
+// The site that scattered `round`: the starting site, then the previous
+// round's aggregator (these tests have no failover).
 std::string Scatterer(Sim& sim, uint32_t round) {
-  for (const CallRecord& call : sim.network().Log()) {
-    if (call.kind == CallKind::kLearnTask && call.round == round &&
-        call.to == sim.Aggregator(round) && call.from != call.to) {
-      return call.from;
-    }
-  }
-  return "";
+  return round == 0 ? sim.job().starting_site() : sim.Aggregator(round - 1);
 }
 
 // Learn tasks of `round` sent by a site other than its scatterer: the
@@ -85,8 +79,21 @@ TEST(SimBroadcastTest, GivesTheStarsAggregatesWithOneStreamOutPerRound) {
   EXPECT_TRUE(globals == star_globals);
   ExpectSameFinals(broadcast, AllSites(broadcast), globals, kBestRound);
 
+  const uint64_t model_bytes = globals.at(0).size() * sizeof(float);
   for (uint32_t round = 0; round < 4; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
+    // The scatterer's link carries the model once: the chain's head gets
+    // it, the aggregator's own task goes without a body (the aggregator
+    // kept the chain's copy).
+    const std::string scatterer = Scatterer(broadcast, round);
+    uint64_t sent = 0;
+    for (const CallRecord& call : broadcast.network().Log()) {
+      if (call.kind == CallKind::kLearnTask && call.round == round &&
+          call.from == scatterer && call.to != scatterer) {
+        sent += call.body_bytes;
+      }
+    }
+    EXPECT_EQ(sent, model_bytes);
     // Out of the scatterer: the chain's head and the aggregator's own task
     // (which names the round's expected set), not one stream per trainer.
     const std::multiset<std::string> direct = DirectTasks(broadcast, round);
@@ -134,6 +141,44 @@ TEST(SimBroadcastTest, ABrokenForwardFallsBackToDirectSends) {
   // The scatterer sent round 1's task to the site the forward missed.
   EXPECT_EQ(DirectTasks(sim, 1).count(dropped_to), 1u)
       << "no direct learn task to " << dropped_to;
+}
+
+// The aggregator acknowledged the chain's copy and lost it (the network
+// acknowledged the forward and never delivered it): its task without a body
+// is refused, and the scatterer sends it again with the body.
+TEST(SimBroadcastTest, AnAggregatorWithoutItsCopyGetsTheTaskWithItsBody) {
+  Sim sim(Config(8, 3, Broadcast));
+  bool lost = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (!lost && call.kind == CallKind::kLearnTask && call.round == 1 &&
+        call.to == sim.Aggregator(1) && call.from != sim.Aggregator(0)) {
+      lost = true;
+      CallMatcher match;
+      match.kind = CallKind::kLearnTask;
+      match.from = call.from;
+      match.to = call.to;
+      match.round = 1;
+      sim.network().AddFault(match, Fault::kLoseAfterAck, 1);
+    }
+  });
+  sim.RunJob();
+  ASSERT_TRUE(lost) << "round 1's aggregator was not on the chain";
+  ExpectAllDone(sim);
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+  // Round 1's aggregator got a header-only task (refused), then the body.
+  std::vector<std::pair<uint64_t, std::string>> tasks;
+  for (const CallRecord& call : sim.network().Log()) {
+    if (call.kind == CallKind::kLearnTask && call.round == 1 &&
+        call.from == Scatterer(sim, 1) && call.to == sim.Aggregator(1)) {
+      tasks.emplace_back(call.body_bytes, call.result);
+    }
+  }
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0].first, 0u);
+  EXPECT_NE(tasks[0].second, "OK");
+  EXPECT_GT(tasks[1].first, 0u);
+  EXPECT_EQ(tasks[1].second, "OK");
 }
 
 // A trainer down when the forward reaches it (its forwarder cannot connect)

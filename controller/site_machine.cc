@@ -514,6 +514,8 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     answer = std::move(admission);
   } else if (header.kind() == v1::MODEL_KIND_RESULT) {
     answer = AdmitResult(header, now_);
+  } else if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.body_held()) {
+    answer = AcceptHeldTask(header);
   } else {
     ModelAdmission admission;
     admission.assembler = AssemblerFor(header.kind());

@@ -378,6 +378,9 @@ class SiteMachine {
     std::map<std::string, std::string> missed;
     // The grace timer for the trainers still silent is set (or not wanted).
     bool grace_set = false;
+    // Broadcast: the aggregator kept the chain's copy (its task goes
+    // without a body).
+    bool aggregator_holds_copy = false;
   };
   // The operator's Start (or resume), answered once the first round's
   // aggregator acknowledged its learn task (or the start failed): the
@@ -512,6 +515,9 @@ class SiteMachine {
                     bool resume = false);
   void SendTaskToAggregator(const Scatter& scatter);
   void OnTaskToTrainerDone(const Call& call, const event::CallDone& e);
+  // The aggregator's task without a body (header.body_held): taken with the
+  // broadcast's copy kept here, or refused (the sender then sends the body).
+  absl::StatusOr<ModelAdmission> AcceptHeldTask(const v1::ModelHeader& header);
   // The answer of a broadcast's head, for itself and the sites after it.
   void OnChainTaskDone(const Call& call, const event::CallDone& e);
   // How `target` answered round `round`'s learn task.
@@ -639,6 +645,13 @@ class SiteMachine {
   uint32_t current_global_round_ = 0;  // The round it is the input of.
   // The learn task of that round as this site accepted it (for CatchUp).
   std::optional<v1::ModelHeader> current_task_;
+  // The round's model as a broadcast brought it to this site, the round's
+  // aggregator, kept for its own task (header.body_held).
+  struct HeldTaskCopy {
+    v1::ModelHeader header;
+    std::shared_ptr<const Model> model;
+  };
+  std::optional<HeldTaskCopy> held_task_copy_;
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_;
   v1::SiteCounters counters_;
   RoundCounters closed_rounds_;

@@ -64,7 +64,18 @@ void SiteMachine::ScatterRound(uint32_t round,
       std::rotate(chain.begin(), chain.begin() + round % chain.size(),
                   chain.end());
     }
-    if (chain.size() < 2) chain.clear();
+    // The aggregator last: it keeps its copy for its own task, which then
+    // goes without a body (it names the round's expected set, known only
+    // once the trainers answered), so this site's link carries the model
+    // about once.
+    if (!chain.empty() && order[0] != options_.site) {
+      chain.push_back(order[0]);
+      scatter.header.set_aggregator_task_follows(true);
+    }
+    if (chain.size() < 2) {
+      chain.clear();
+      scatter.header.clear_aggregator_task_follows();
+    }
   }
   Scatter& stored = scatters_[round] = std::move(scatter);
   for (const std::string& target : stored.waiting) {
@@ -109,6 +120,7 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
   // that the forwarded stream reached (in chain order).
   std::map<std::string, absl::Status> answered;
   answered[call.chain[0]] = ReplyStatus(e);
+  const std::string& aggregator = call.chain.back();
   if (e.reply.ok()) {
     for (const v1::RelayOutcome& relayed : e.reply->reply.relayed()) {
       if (std::find(call.chain.begin() + 1, call.chain.end(), relayed.site()) ==
@@ -127,9 +139,21 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
     }
   }
   auto it = scatters_.find(call.round);
+  if (it != scatters_.end() && it->second.header.aggregator_task_follows()) {
+    // The aggregator is not a trainer of the scatter: whether it kept a
+    // copy decides only whether its task goes with a body.
+    auto kept = answered.find(aggregator);
+    it->second.aggregator_holds_copy =
+        kept != answered.end() && kept->second.ok();
+    answered.erase(aggregator);
+  }
   std::vector<std::string> direct;
   for (size_t i = 1; i < call.chain.size(); ++i) {
     const std::string& site = call.chain[i];
+    if (it != scatters_.end() && it->second.header.aggregator_task_follows() &&
+        site == aggregator) {
+      continue;
+    }
     auto found = answered.find(site);
     // A site the chain did not reach, or that its forwarder could not
     // reach, gets the task straight from here (its forwarder's link may be
@@ -244,7 +268,13 @@ void SiteMachine::SendAggregatorTask(uint32_t round) {
   PeerMessage message;
   message.kind = CallKind::kLearnTask;
   message.header = task.header;
+  message.header.clear_aggregator_task_follows();
   message.model = task.global;
+  if (task.aggregator_holds_copy) {
+    // It has the model from the broadcast: the header is the task.
+    message.header.set_body_held(true);
+    message.model = nullptr;
+  }
   message.timeout = job_->learn_task_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kTaskToAggregator;
@@ -318,6 +348,16 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
   auto it = aggregator_tasks_.find(call.round);
   if (it == aggregator_tasks_.end()) return;
   const absl::Status status = ReplyStatus(e);
+  if (!status.ok() && it->second.aggregator_holds_copy && Active()) {
+    // Sent without a body and not taken (the aggregator lost its copy, or
+    // the call failed): again, with the body.
+    SWARM_LOG_INFO(
+        "round %d: aggregator %s did not take its task without a body (%s); "
+        "sending it with the model",
+        call.round, call.target, status.message());
+    it->second.aggregator_holds_copy = false;
+    return SendAggregatorTask(call.round);
+  }
   if (status.ok() || !Active()) {
     if (status.ok()) AnswerStart(call.round, &it->second);
     aggregator_tasks_.erase(it);
@@ -396,6 +436,18 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
     OnHeldTask(header, admitted->task);
     return MakeReply(v1::OUTCOME_OK, admitted->message);
   }
+  if (header.aggregator_task_follows() &&
+      header.aggregator() == options_.site &&
+      admitted->task == TaskVerdict::kNew) {
+    // This site aggregates the round: the broadcast's copy waits for its
+    // own task (which names the expected trainers) and comes without a
+    // body.
+    held_task_copy_ = HeldTaskCopy{header, std::move(model)};
+    return MakeReply(v1::OUTCOME_OK,
+                     absl::StrCat("round ", header.round(),
+                                  ": kept for the aggregator's task"));
+  }
+  held_task_copy_.reset();
   if (admitted->task == TaskVerdict::kSwitch) {
     DropLosingChain(header);
     if (record_.state == v1::SITE_STATE_DONE) {
@@ -471,6 +523,26 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
                      : std::string(),
                  aggregate ? ", that is me" : "");
   return MakeReply(v1::OUTCOME_OK, "learn task accepted");
+}
+
+absl::StatusOr<ModelAdmission> SiteMachine::AcceptHeldTask(
+    const v1::ModelHeader& header) {
+  if (!held_task_copy_.has_value() ||
+      held_task_copy_->header.round() != header.round() ||
+      held_task_copy_->header.attempt() != header.attempt() ||
+      held_task_copy_->header.sender() != header.sender()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", header.round(), ": no copy of the round's model from ",
+        header.sender(), " is kept here; send the task with its body"));
+  }
+  std::shared_ptr<const Model> model = std::move(held_task_copy_->model);
+  held_task_copy_.reset();
+  const v1::Reply reply = AcceptLearnTask(header, std::move(model));
+  if (reply.outcome() != v1::OUTCOME_OK) return StatusFromReply(reply);
+  ModelAdmission admission;
+  admission.header_only = true;
+  admission.reply_message = reply.message();
+  return admission;
 }
 
 void SiteMachine::OnHeldTask(const v1::ModelHeader& header,

@@ -26,11 +26,9 @@ class Latch {
   }
   bool WaitFor(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return count_ <= 0;
-    };
-    return mu_.AwaitWithDeadline(absl::Condition(&done),
-                                 absl::Now() + timeout);
+    auto done = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ <= 0; };
+    return mu_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + timeout);
   }
   void Wait() { WaitFor(absl::InfiniteDuration()); }
 
@@ -90,8 +88,7 @@ TEST(ThreadPoolRunnerTest, TimedTaskRunsAtItsTimeNotBefore) {
     ran_at = absl::Now();
     ran.CountDown();
   });
-  ASSERT_TRUE(
-      ran.WaitFor(absl::Milliseconds(200) + kSlack));
+  ASSERT_TRUE(ran.WaitFor(absl::Milliseconds(200) + kSlack));
   EXPECT_GE(ran_at, when);
 }
 
