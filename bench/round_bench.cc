@@ -9,6 +9,7 @@
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
 //               [--model-size 1KiB] [--link-mbit N]
 //               [--variant star[,broadcast]]
+//               [--tensors 2304MiB,512MiB,256MiB] [--offload]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
 // runs a scraper thread that GETs every site's /metrics HZ times per second
@@ -19,6 +20,20 @@
 // 1 KiB); each size then also prints every daemon's peak resident memory
 // (VmHWM, read before the daemons stop) and the most any one held divided by
 // the model size, `peak_rss_over_model` (issue 13's memory budget).
+//
+// --tensors SIZE,SIZE,... (issue 13, item 5) gives the test learner one F32
+// tensor per size instead of one (its `tensors` param; the model size is
+// their sum, and a tensor may be larger than 2 GiB); --offload sets the
+// job's disk_offload. Each size also prints, per site, the peak
+// resident memory (VmHWM) and the peak anonymous and file-backed resident
+// memory (RssAnon, RssFile of /proc/PID/status, sampled every 10 ms), each
+// in MiB and as a multiple of the model size S, against issue 13's budget
+// (VmHWM <= 3 S + 100 MiB; RssAnon <= 1.5 S + 100 MiB with disk offload).
+// After every job the bench checks that best.safetensors and
+// last.safetensors are byte-identical at every site, and fails if not. On
+// loopback a model of 1 GiB or more raises the job's liveness timeouts as
+// for a link of kLoopbackMbitForTimeouts (a 3 GiB scatter takes tens of
+// seconds even there).
 //
 // --link-mbit N (issue 13, item 4) runs every daemon in its own network
 // namespace behind a veth pair on a bridge (tests/support/netns.h; the bench
@@ -99,6 +114,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -190,7 +206,20 @@ struct Options {
   const RoundVariant* variant = &kVariants[0];  // The job being run.
   // --variant a,b: each size runs every variant in turn.
   std::vector<const RoundVariant*> variants = {&kVariants[0]};
+  // With --tensors: the bytes of each F32 tensor (empty: one tensor of
+  // model_bytes).
+  std::vector<uint64_t> tensor_bytes;
+  // Sets the job's disk_offload.
+  bool offload = false;
 };
+
+// On loopback, models of at least this size get the job's liveness
+// timeouts scaled as for a link of kLoopbackMbitForTimeouts Mbit/s: mTLS on
+// a loaded 2-core machine moves a few hundred MB/s, so with their LAN
+// defaults (5 s) a scatter of multi-GiB learn tasks looks like dead
+// trainers.
+constexpr uint64_t kLoopbackScaledTimeoutsMinBytes = 1ull << 30;
+constexpr int kLoopbackMbitForTimeouts = 800;
 
 // The link shape of --link-mbit: tbf's rate is the cap; the burst and the
 // queue (latency) follow from it.
@@ -239,9 +268,10 @@ struct LinkTimeouts {
 };
 
 LinkTimeouts TimeoutsForLink(const Options& options, int sites) {
+  const int mbit =
+      options.link_mbit > 0 ? options.link_mbit : kLoopbackMbitForTimeouts;
   const double scatter_s =
-      (sites - 1) *
-      ModelOverLinkSeconds(options.model_bytes, options.link_mbit);
+      (sites - 1) * ModelOverLinkSeconds(options.model_bytes, mbit);
   const uint64_t twice_scatter_ms = static_cast<uint64_t>(2000 * scatter_s);
   LinkTimeouts timeouts;
   timeouts.failover_timeout_ms = std::max<uint64_t>(5000, twice_scatter_ms);
@@ -555,6 +585,116 @@ class ThreadSampler {
   std::thread thread_;
 };
 
+// Peak memory of one daemon: VmHWM (read at the end) and the highest
+// RssAnon and RssFile seen while sampling, in bytes.
+struct DaemonMemory {
+  uint64_t peak_rss = 0;
+  uint64_t peak_rss_anon = 0;
+  uint64_t peak_rss_file = 0;
+};
+
+// Samples every daemon's RssAnon and RssFile (/proc/PID/status) every 10 ms
+// on its own thread, keeping each one's highest (issue 13: the budget with
+// disk offload counts anonymous memory; file-backed pages of mapped models
+// are the page cache's and can be reclaimed).
+class MemorySampler {
+ public:
+  explicit MemorySampler(const std::vector<Daemon>& daemons)
+      : memory_(daemons.size()), thread_([this, &daemons] {
+          absl::MutexLock lock(&mu_);
+          while (!mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                                       absl::Milliseconds(10))) {
+            for (size_t i = 0; i < daemons.size(); ++i) {
+              if (daemons[i].pid <= 0) continue;
+              memory_[i].peak_rss_anon =
+                  std::max(memory_[i].peak_rss_anon,
+                           ProcStatusNumber(daemons[i].pid, "RssAnon:") * 1024);
+              memory_[i].peak_rss_file =
+                  std::max(memory_[i].peak_rss_file,
+                           ProcStatusNumber(daemons[i].pid, "RssFile:") * 1024);
+            }
+          }
+        }) {}
+  ~MemorySampler() {
+    if (thread_.joinable()) Stop();
+  }
+  MemorySampler(const MemorySampler&) = delete;
+  MemorySampler& operator=(const MemorySampler&) = delete;
+
+  // Stops sampling; returns each daemon's peaks (peak_rss not set).
+  std::vector<DaemonMemory> Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    absl::MutexLock lock(&mu_);
+    return memory_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<DaemonMemory> memory_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Whether the files at `paths` all hold the same bytes (read in 4 MiB
+// blocks); a file that cannot be read is an error naming it.
+absl::StatusOr<bool> FilesIdentical(const std::vector<std::string>& paths) {
+  if (paths.size() < 2) return true;
+  std::vector<std::unique_ptr<std::ifstream>> files;
+  for (const std::string& path : paths) {
+    files.push_back(std::make_unique<std::ifstream>(path, std::ios::binary));
+    if (!*files.back()) {
+      return absl::NotFoundError(absl::StrCat("cannot open ", path));
+    }
+  }
+  constexpr size_t kBlock = 4 << 20;
+  std::string first(kBlock, '\0');
+  std::string other(kBlock, '\0');
+  while (true) {
+    files[0]->read(first.data(), kBlock);
+    const std::streamsize got = files[0]->gcount();
+    for (size_t i = 1; i < files.size(); ++i) {
+      files[i]->read(other.data(), kBlock);
+      if (files[i]->gcount() != got ||
+          std::memcmp(first.data(), other.data(), static_cast<size_t>(got)) !=
+              0) {
+        return false;
+      }
+    }
+    if (got < static_cast<std::streamsize>(kBlock)) return true;
+  }
+}
+
+// After a job: whether best.safetensors and last.safetensors are the same
+// bytes at every site (workspace <dir>/<site>); prints one line each.
+absl::Status CheckFinalModelsIdentical(const std::string& dir,
+                                       const std::vector<Daemon>& daemons) {
+  for (const char* name : {"best.safetensors", "last.safetensors"}) {
+    std::vector<std::string> paths;
+    for (const Daemon& daemon : daemons) {
+      paths.push_back(
+          absl::StrCat(dir, "/", daemon.name, "/", kJobId, "/", name));
+    }
+    absl::StatusOr<bool> identical = FilesIdentical(paths);
+    if (!identical.ok()) return identical.status();
+    const bool same = *identical;
+    std::error_code error;
+    const uintmax_t bytes = std::filesystem::file_size(paths[0], error);
+    std::printf("sites=%d %s identical_at_every_site=%s (%s)\n",
+                static_cast<int>(daemons.size()), name, same ? "yes" : "no",
+                error ? "size unknown" : bench::HumanBytes(bytes).c_str());
+    if (!same) {
+      return absl::InternalError(
+          absl::StrCat(name, " differs between the sites (see ", dir, ")"));
+    }
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 // The 1-minute load average (other work on the machine skews the figures).
 std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");
@@ -587,6 +727,8 @@ struct SizeResult {
   int max_threads = 0;
   // Each daemon's peak resident memory (VmHWM) at the end of the job.
   std::vector<uint64_t> peak_rss;
+  // Each daemon's peaks (VmHWM, and sampled RssAnon and RssFile).
+  std::vector<DaemonMemory> memory;
   // With --scrape-hz: GETs of /metrics made, failed, their mean time.
   int scrapes = 0;
   int scrape_failures = 0;
@@ -787,6 +929,14 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     site.mutable_learner()->set_kind("test");
     (*site.mutable_learner()->mutable_params())["size"] =
         absl::StrCat(options.model_bytes / 4);
+    if (!options.tensor_bytes.empty()) {
+      std::vector<std::string> elements;
+      for (uint64_t bytes : options.tensor_bytes) {
+        elements.push_back(absl::StrCat(bytes / 4));
+      }
+      (*site.mutable_learner()->mutable_params())["tensors"] =
+          absl::StrJoin(elements, ",");
+    }
     if (!options.insecure) {
       site.set_tls_dir(absl::StrCat(pki, "/sites/", daemon.name));
     }
@@ -820,17 +970,25 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     if (options.max_concurrent > 0) {
       job.set_max_concurrent_submissions(options.max_concurrent);
     }
-    if (options.link_mbit > 0) {
+    if (options.offload) job.set_disk_offload(true);
+    if (options.link_mbit > 0 ||
+        options.model_bytes >= kLoopbackScaledTimeoutsMinBytes) {
       const LinkTimeouts timeouts = TimeoutsForLink(options, sites);
       job.set_failover_timeout_ms(timeouts.failover_timeout_ms);
       job.set_request_to_submit_message_timeout_ms(
           timeouts.request_to_submit_message_timeout_ms);
       job.set_learn_task_ack_timeout_ms(timeouts.learn_task_ack_timeout_ms);
       std::printf(
-          "sites=%d job timeouts scaled to the link: failover_timeout_ms=%llu "
+          "sites=%d job timeouts scaled to the link%s: "
+          "failover_timeout_ms=%llu "
           "request_to_submit_message_timeout_ms=%llu "
           "learn_task_ack_timeout_ms=%llu\n",
-          sites, static_cast<unsigned long long>(timeouts.failover_timeout_ms),
+          sites,
+          options.link_mbit > 0 ? ""
+                                : absl::StrFormat(" (loopback, as %d Mbit/s)",
+                                                  kLoopbackMbitForTimeouts)
+                                      .c_str(),
+          static_cast<unsigned long long>(timeouts.failover_timeout_ms),
           static_cast<unsigned long long>(
               timeouts.request_to_submit_message_timeout_ms),
           static_cast<unsigned long long>(timeouts.learn_task_ack_timeout_ms));
@@ -860,6 +1018,15 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
           ModelOverLinkSeconds(options.model_bytes, options.link_mbit));
       call_deadline = absl::Seconds(60);
       start_deadline = per_round;
+    } else if (options.model_bytes >= kLoopbackScaledTimeoutsMinBytes) {
+      // A multi-GiB round on loopback: about 2(N-1) + 3 models moved and
+      // two written, at well under 100 MB/s each on a busy machine.
+      per_round += absl::Seconds(
+          (2 * sites + 3) *
+          ModelOverLinkSeconds(options.model_bytes, kLoopbackMbitForTimeouts) *
+          3);
+      call_deadline = absl::Seconds(60);
+      start_deadline = per_round;
     }
     std::vector<std::unique_ptr<v1::Peer::Stub>> stubs;
     for (const Daemon& daemon : daemons) {
@@ -882,6 +1049,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     const double cpu_before = TotalCpuMillis(daemons);
     ThreadSampler threads(daemons);
+    MemorySampler memory(daemons);
     Scraper scraper(daemons, status.ok() ? options.scrape_hz : 0);
     const absl::Time start = absl::Now();
     if (status.ok()) {
@@ -941,6 +1109,7 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     result.job_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     result.cpu_ms = TotalCpuMillis(daemons) - cpu_before;
     result.max_threads = threads.Stop();
+    result.memory = memory.Stop();
     scraper.Stop();
     result.scrapes = scraper.scrapes();
     result.scrape_failures = scraper.failures();
@@ -951,10 +1120,15 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
                        " scrapes failed, the first: ", scraper.first_error()));
     }
   }
-  for (const Daemon& daemon : daemons) {
-    if (daemon.pid > 0) result.peak_rss.push_back(PeakRssBytes(daemon.pid));
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    if (daemons[i].pid <= 0) continue;
+    result.peak_rss.push_back(PeakRssBytes(daemons[i].pid));
+    if (i < result.memory.size()) {
+      result.memory[i].peak_rss = result.peak_rss.back();
+    }
   }
   Stop(daemons);
+  if (status.ok()) status = CheckFinalModelsIdentical(dir, daemons);
   if (status.ok()) {
     absl::StatusOr<std::vector<double>> times =
         RoundTimes(daemons, options.rounds);
@@ -973,6 +1147,47 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
   }
   if (!status.ok()) return status;
   return result;
+}
+
+// "one F32 tensor" or "3 F32 tensors: 2.25 GiB, 512 MiB, 256 MiB".
+std::string TensorsText(const Options& options) {
+  if (options.tensor_bytes.empty()) return "one F32 tensor";
+  std::vector<std::string> sizes;
+  for (uint64_t bytes : options.tensor_bytes) {
+    sizes.push_back(bench::HumanBytes(bytes));
+  }
+  return absl::StrCat(options.tensor_bytes.size(),
+                      " F32 tensors: ", absl::StrJoin(sizes, ", "));
+}
+
+// One line per site: peak VmHWM, RssAnon and RssFile in MiB and as a
+// multiple of the model size S, then each against issue 13's budget (peak
+// RSS <= 3 S + 100 MiB; with disk offload, RssAnon <= 1.5 S + 100 MiB).
+void PrintSiteMemory(const Options& options, const SizeResult& result) {
+  const double s = static_cast<double>(options.model_bytes);
+  const double mib = 1048576.0;
+  const double rss_budget = 3 * s + 100 * mib;
+  const double anon_budget = 1.5 * s + 100 * mib;
+  uint64_t most_rss = 0;
+  uint64_t most_anon = 0;
+  for (size_t i = 0; i < result.memory.size(); ++i) {
+    const DaemonMemory& m = result.memory[i];
+    most_rss = std::max(most_rss, m.peak_rss);
+    most_anon = std::max(most_anon, m.peak_rss_anon);
+    std::printf(
+        "sites=%d site=site-%02d peak_rss_mib=%.0f (%.2f S) "
+        "peak_rss_anon_mib=%.0f (%.2f S) peak_rss_file_mib=%.0f (%.2f S)\n",
+        result.sites, static_cast<int>(i), m.peak_rss / mib, m.peak_rss / s,
+        m.peak_rss_anon / mib, m.peak_rss_anon / s, m.peak_rss_file / mib,
+        m.peak_rss_file / s);
+  }
+  std::printf(
+      "sites=%d budget: peak_rss max %.0f MiB %s 3 S + 100 MiB = %.0f MiB; "
+      "peak_rss_anon max %.0f MiB %s 1.5 S + 100 MiB = %.0f MiB%s\n",
+      result.sites, most_rss / mib, most_rss <= rss_budget ? "<=" : ">",
+      rss_budget / mib, most_anon / mib, most_anon <= anon_budget ? "<=" : ">",
+      anon_budget / mib,
+      options.offload ? "" : " (that bound is for disk offload)");
 }
 
 std::string DefaultClient(const char* argv0) {
@@ -1030,6 +1245,24 @@ int Run(int argc, char** argv) {
         return 2;
       }
       options.model_bytes = *bytes;
+    } else if (arg == "--tensors") {
+      options.tensor_bytes.clear();
+      uint64_t total = 0;
+      for (absl::string_view part : absl::StrSplit(value(), ',')) {
+        absl::StatusOr<uint64_t> bytes = bench::ParseBytes(part);
+        if (!bytes.ok() || *bytes < 4 || *bytes % 4 != 0 ||
+            *bytes > (uint64_t{4} << 30)) {
+          std::fprintf(stderr,
+                       "round_bench: bad --tensors (sizes of at most 4GiB, "
+                       "multiples of 4 bytes, e.g. 2304MiB,512MiB)\n");
+          return 2;
+        }
+        options.tensor_bytes.push_back(*bytes);
+        total += *bytes;
+      }
+      options.model_bytes = total;
+    } else if (arg == "--offload") {
+      options.offload = true;
     } else if (arg == "--insecure") {
       options.insecure = true;
     } else if (arg == "--scrape-hz") {
@@ -1065,7 +1298,8 @@ int Run(int argc, char** argv) {
                    "usage: round_bench [--client PATH] [--sites 2,4,8,16] "
                    "[--rounds 20] [--max-concurrent N] [--insecure] "
                    "[--keep] [--scrape-hz HZ] [--model-size 1KiB] "
-                   "[--link-mbit N] [--variant %s[,...]]\n",
+                   "[--link-mbit N] [--variant %s[,...]] "
+                   "[--tensors SIZE,SIZE,...] [--offload]\n",
                    VariantNames().c_str());
       return 2;
     }
@@ -1109,11 +1343,13 @@ int Run(int argc, char** argv) {
     }
   }
   std::printf(
-      "round_bench: swarm-client %s, %s model (one F32 tensor), test "
-      "learner, %d rounds per job, %s, variants %s\n",
+      "round_bench: swarm-client %s, %s model (%s), test "
+      "learner, %d rounds per job, %s, variants %s%s\n",
       options.client.c_str(), bench::HumanBytes(options.model_bytes).c_str(),
-      options.rounds, options.insecure ? "plaintext (--insecure)" : "mTLS",
-      VariantList(options.variants).c_str());
+      TensorsText(options).c_str(), options.rounds,
+      options.insecure ? "plaintext (--insecure)" : "mTLS",
+      VariantList(options.variants).c_str(),
+      options.offload ? ", disk offload" : "");
   if (options.link_mbit > 0) {
     const testing::LinkShape shape = ShapeFor(options.link_mbit);
     std::printf(
@@ -1176,6 +1412,7 @@ int Run(int argc, char** argv) {
             static_cast<double>(most) /
                 static_cast<double>(options.model_bytes));
       }
+      PrintSiteMemory(options, *result);
       if (options.link_mbit > 0) {
         const double model_s =
             ModelOverLinkSeconds(options.model_bytes, options.link_mbit);

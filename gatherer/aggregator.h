@@ -118,9 +118,11 @@ struct AggregatorOptions {
   // Directory for results kept on disk (created if missing). Required for
   // median and trimmed mean. For FedAvg it is optional: when set,
   // NewResultSink writes incoming results there instead of into memory
-  // (disk offload), and Add folds them in from the mapped file. Files the
-  // aggregator writes are removed when no longer needed, at the latest by
-  // Finish or the destructor.
+  // (disk offload), and Add folds them in from the mapped file; the running
+  // sum, and the model Finish returns, then live in unlinked files there
+  // too (page cache, not anonymous memory). Files the aggregator writes are
+  // removed when no longer needed, at the latest by Finish or the
+  // destructor.
   std::string offload_dir;
   // Threads for Add and Finish on large models; 0 = min(2, hardware threads).
   int num_threads = 0;

@@ -8,7 +8,8 @@
 //   F32      kCompensated: the F32 head lives in the output model's own
 //            memory (acc_), a BF16 compensation term beside it (wide_);
 //            Finish rounds head + compensation in place, so a round of an
-//            F32 model allocates 1.5x the model and nothing more.
+//            F32 model allocates 1.5x the model and nothing more (in
+//            unlinked files under the offload directory when there is one).
 //            kFloat64: an F64 sum in wide_.
 //   F64      an F64 sum in acc_ (in place).
 //   F16/BF16/F8   an F32 sum in wide_.
@@ -26,10 +27,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/storage_error.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_internal.h"
 #include "gatherer/aggregator_kernels.h"
@@ -98,15 +102,33 @@ class FedAvgAggregator final : public Aggregator {
 
   // The sums' memory, at the first Add: the output model (uninitialized:
   // the first Add writes every element of the sums kept in it, and Finish
-  // every other tensor) and the wide or compensation terms beside it.
+  // every other tensor) and the wide or compensation terms beside it. With
+  // an offload directory (disk offload) both live in unlinked files there
+  // (ScratchFileStorage), so that the sum, and the model Finish makes of
+  // it, are page cache the kernel can write back rather than anonymous
+  // memory: an aggregator's anonymous memory then stays near one model (the
+  // result being added, its own) however large the model. A file that
+  // cannot be made is a storage error (the site's disk, not the result).
   absl::Status Allocate() {
     if (allocated_) return absl::OkStatus();
-    SWARM_ASSIGN_OR_RETURN(acc_,
-                           Model::Create(shared_->base->specs(),
-                                         HeapStorage::Init::kUninitialized));
-    SWARM_ASSIGN_OR_RETURN(
-        wide_,
-        HeapStorage::Allocate(wide_bytes_, HeapStorage::Init::kUninitialized));
+    const std::string& dir = shared_->options.offload_dir;
+    if (dir.empty()) {
+      SWARM_ASSIGN_OR_RETURN(acc_,
+                             Model::Create(shared_->base->specs(),
+                                           HeapStorage::Init::kUninitialized));
+      SWARM_ASSIGN_OR_RETURN(
+          wide_, HeapStorage::Allocate(wide_bytes_,
+                                       HeapStorage::Init::kUninitialized));
+    } else {
+      absl::StatusOr<Model> acc =
+          Model::CreateInFile(shared_->base->specs(), dir);
+      if (!acc.ok()) return AsStorageError(acc.status());
+      absl::StatusOr<std::shared_ptr<ScratchFileStorage>> wide =
+          ScratchFileStorage::Create(dir, wide_bytes_);
+      if (!wide.ok()) return AsStorageError(wide.status());
+      acc_ = *std::move(acc);
+      wide_ = *std::move(wide);
+    }
     allocated_ = true;
     const std::vector<uint64_t>& wide_offsets = wide_offsets_;
     for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -294,7 +316,7 @@ class FedAvgAggregator final : public Aggregator {
 
   const std::shared_ptr<SharedState> shared_;
   Model acc_;
-  std::shared_ptr<HeapStorage> wide_;
+  std::shared_ptr<ModelStorage> wide_;
   // Planned by Init, taken by Allocate.
   uint64_t wide_bytes_ = 0;
   std::vector<uint64_t> wide_offsets_;

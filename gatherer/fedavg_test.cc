@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/storage_error.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_kernels.h"
 #include "gatherer/aggregator_test_util.h"
@@ -277,6 +278,70 @@ TEST(FedAvgMemoryTest, ResultsAreNotKept) {
     }
     ASSERT_TRUE((*aggregator)->Finish().ok());
   }
+}
+
+TEST(FedAvgMemoryTest, WithOffloadTheSumLivesInUnlinkedFilesSameBits) {
+  const std::vector<TensorSpec> specs = LargeSpecs();
+  std::shared_ptr<const Model> base = Shared(RandomModel(specs, 1));
+  std::vector<Model> results;
+  for (int r = 0; r < 3; ++r) results.push_back(RandomModel(specs, 90 + r));
+  TempDir dir;
+  std::vector<Model> outs;
+  for (bool offload : {false, true}) {
+    AggregatorOptions options;
+    options.num_threads = 2;
+    if (offload) options.offload_dir = dir.path();
+    auto aggregator = Aggregator::Create(options, base);
+    ASSERT_TRUE(aggregator.ok());
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(Feed(**aggregator, results[r], 4 + r,
+                       r == 1 ? v1::PAYLOAD_KIND_WEIGHT_DIFF
+                              : v1::PAYLOAD_KIND_FULL_WEIGHTS,
+                       r == 2 ? Path::kSink : Path::kAdd)
+                      .ok());
+      EXPECT_EQ(dir.CountFiles(), 0);  // The sums' files are unlinked.
+    }
+    absl::StatusOr<Model> out = (*aggregator)->Finish();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(dynamic_cast<const ScratchFileStorage*>(out->storage().get()) !=
+                  nullptr,
+              offload);
+    EXPECT_TRUE(out->writable());
+    outs.push_back(std::move(*out));
+  }
+  EXPECT_TRUE(BitIdentical(outs[0], outs[1]));
+  EXPECT_EQ(outs[0].metadata(), outs[1].metadata());
+  EXPECT_EQ(dir.CountFiles(), 0);
+}
+
+TEST(FedAvgMemoryTest, ASumTheOffloadDiskCannotHoldIsAStorageError) {
+  const std::vector<TensorSpec> specs = LargeSpecs();
+  std::shared_ptr<const Model> base = Shared(RandomModel(specs, 1));
+  Model result = RandomModel(specs, 2);
+  TempDir dir;
+  const std::string offload = dir.path() + "/offload";
+  AggregatorOptions options;
+  options.offload_dir = offload;
+  auto aggregator = Aggregator::Create(options, base);
+  ASSERT_TRUE(aggregator.ok());
+  std::filesystem::remove_all(offload);  // The disk under it went away.
+  absl::Status added =
+      (*aggregator)->Add(result, 5, v1::PAYLOAD_KIND_FULL_WEIGHTS);
+  EXPECT_TRUE(IsStorageError(added)) << added;
+  EXPECT_NE(added.message().find(offload), std::string::npos) << added;
+  EXPECT_EQ((*aggregator)->num_added(), 0);
+  // Nothing was folded in: once the directory is back the round goes on.
+  std::filesystem::create_directories(offload);
+  ASSERT_TRUE(
+      (*aggregator)->Add(result, 5, v1::PAYLOAD_KIND_FULL_WEIGHTS).ok());
+  absl::StatusOr<Model> out = (*aggregator)->Finish();
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto in_memory = Aggregator::Create(AggregatorOptions(), base);
+  ASSERT_TRUE(in_memory.ok());
+  ASSERT_TRUE((*in_memory)->Add(result, 5, v1::PAYLOAD_KIND_FULL_WEIGHTS).ok());
+  absl::StatusOr<Model> expected = (*in_memory)->Finish();
+  ASSERT_TRUE(expected.ok());
+  EXPECT_TRUE(BitIdentical(*out, *expected));
 }
 
 TEST(FedAvgPrecisionTest, ManyResultsStayNearTheExactMean) {

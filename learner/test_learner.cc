@@ -22,8 +22,9 @@ namespace swarm {
 namespace {
 
 constexpr const char* kKnownKeys[] = {
-    "size",    "init_scale",     "init_offset", "delta",    "sample_count",
-    "metrics", "default_metric", "fail_round",  "train_ms", "payload",
+    "size",         "init_scale", "init_offset",    "delta",
+    "sample_count", "metrics",    "default_metric", "fail_round",
+    "train_ms",     "payload",    "tensors",
 };
 
 // A parameter's value for `site`: "<key>.<site>" wins over "<key>".
@@ -120,6 +121,13 @@ absl::StatusOr<TestLearnerOptions> ParseTestLearnerOptions(
     SWARM_ASSIGN_OR_RETURN(options.size,
                            ParseUint64(*p, p->value, 1, TestLearner::kMaxSize));
   }
+  if (auto p = Lookup(params, "tensors", site)) {
+    for (absl::string_view entry : absl::StrSplit(p->value, ',')) {
+      SWARM_ASSIGN_OR_RETURN(uint64_t elements,
+                             ParseUint64(*p, entry, 1, TestLearner::kMaxSize));
+      options.tensor_sizes.push_back(elements);
+    }
+  }
   if (auto p = Lookup(params, "init_scale", site)) {
     SWARM_ASSIGN_OR_RETURN(options.init_scale, ParseFloat(*p));
   }
@@ -173,6 +181,14 @@ absl::StatusOr<std::unique_ptr<TestLearner>> TestLearner::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "test learner: size %d is not in [1, %d]", options.size, kMaxSize));
   }
+  for (uint64_t elements : options.tensor_sizes) {
+    if (elements < 1 || elements > kMaxSize) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("test learner: tensor of %d elements is not in "
+                          "[1, %d]",
+                          elements, kMaxSize));
+    }
+  }
   if (options.sample_count < 1) {
     return absl::InvalidArgumentError(
         "test learner: sample_count must be at least 1");
@@ -195,19 +211,33 @@ double TestLearner::MetricFor(uint32_t round) const {
   return it == options_.metrics.end() ? options_.default_metric : it->second;
 }
 
+std::vector<uint64_t> TestLearner::TensorSizes() const {
+  if (!options_.tensor_sizes.empty()) return options_.tensor_sizes;
+  return {options_.size};
+}
+
 absl::StatusOr<Model> TestLearner::InitialModel() {
-  SWARM_ASSIGN_OR_RETURN(
-      TensorSpec spec,
-      MakeTensorSpec(kTensorName, v1::DTYPE_F32, {options_.size}));
+  const std::vector<uint64_t> sizes = TensorSizes();
   std::vector<TensorSpec> specs;
-  specs.push_back(std::move(spec));
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    SWARM_ASSIGN_OR_RETURN(
+        TensorSpec spec,
+        MakeTensorSpec(t == 0 ? std::string(kTensorName)
+                              : absl::StrCat(kTensorName, "_", t),
+                       v1::DTYPE_F32, {sizes[t]}));
+    specs.push_back(std::move(spec));
+  }
   SWARM_ASSIGN_OR_RETURN(
       Model model,
       Model::Create(std::move(specs), HeapStorage::Init::kUninitialized));
-  absl::Span<char> bytes = model.mutable_tensor_data(0);
-  for (uint64_t i = 0; i < options_.size; ++i) {
-    const float value = InitialValue(i);
-    std::memcpy(bytes.data() + i * sizeof(float), &value, sizeof(float));
+  uint64_t first = 0;  // The model-wide number of the tensor's element 0.
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    absl::Span<char> bytes = model.mutable_tensor_data(t);
+    for (uint64_t i = 0; i < sizes[t]; ++i) {
+      const float value = InitialValue(first + i);
+      std::memcpy(bytes.data() + i * sizeof(float), &value, sizeof(float));
+    }
+    first += sizes[t];
   }
   return model;
 }

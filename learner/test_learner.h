@@ -4,6 +4,11 @@
 //
 // Model: one F32 tensor "weight" of shape {size}; element i starts at
 //   float(i) * init_scale + init_offset        (float arithmetic)
+// or, with `tensors`, one F32 tensor per listed element count, named
+// "weight", "weight_1", "weight_2", ...; their elements are numbered on
+// from one tensor to the next (element j of the second tensor is element
+// tensors[0] + j of the model), so the values are those of one tensor of
+// the total size, split.
 // Train(global, round): every F32 element of `global` plus `delta` (float
 //   addition), full weights, `sample_count` samples; or with payload=diff
 //   just `delta` everywhere as a PAYLOAD_KIND_WEIGHT_DIFF.
@@ -14,6 +19,8 @@
 // Parameters (learner params, all strings; see ParseTestLearnerOptions):
 //   size            elements of the tensor                   default 256 (1
 //   KiB) init_scale      initial value step per element           default 0.001
+//   tensors         elements per tensor, "603979776,67108864" (several
+//                   tensors; each in 1..kMaxSize; replaces `size`)
 //   init_offset     initial value of element 0               default 0
 //   delta           added to every element by training       default 0.125
 //   sample_count    samples reported by training             default 1
@@ -34,6 +41,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,6 +53,9 @@ namespace swarm {
 struct TestLearnerOptions {
   std::string site;
   uint64_t size = 256;
+  // With the `tensors` param: the elements of each tensor (empty: one
+  // tensor of `size`).
+  std::vector<uint64_t> tensor_sizes;
   float init_scale = 0.001f;
   float init_offset = 0.0f;
   float delta = 0.125f;
@@ -75,7 +86,8 @@ class TestLearner final : public Learner {
   // Largest `size` accepted (4 GiB of F32).
   static constexpr uint64_t kMaxSize = 1ull << 30;
 
-  // Checks the options (size in 1..kMaxSize, sample_count >= 1).
+  // Checks the options (size and each of tensor_sizes in 1..kMaxSize,
+  // sample_count >= 1).
   static absl::StatusOr<std::unique_ptr<TestLearner>> Create(
       TestLearnerOptions options);
 
@@ -98,7 +110,9 @@ class TestLearner final : public Learner {
                                     const std::atomic<bool>& cancel) override;
 
   const TestLearnerOptions& options() const { return options_; }
-  // Element i of InitialModel().
+  // The elements of each tensor of InitialModel().
+  std::vector<uint64_t> TensorSizes() const;
+  // Element i of InitialModel() (numbered on across tensors).
   float InitialValue(uint64_t i) const;
   // The scripted metric of `round`.
   double MetricFor(uint32_t round) const;

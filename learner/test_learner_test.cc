@@ -79,6 +79,40 @@ TEST(TestLearnerTest, InitialModelFromParams) {
   EXPECT_THAT(Floats(*model), ElementsAre(-1.0f, -0.5f, 0.0f, 0.5f, 1.0f));
 }
 
+TEST(TestLearnerTest, SeveralTensorsSplitOneTensorsValues) {
+  auto learner = MakeLearner({{"tensors", "3,1,2"}, {"size", "99"}});
+  ASSERT_NE(learner, nullptr);
+  absl::StatusOr<Model> model = learner->InitialModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->num_tensors(), 3u);
+  EXPECT_EQ(model->spec(0).name, "weight");
+  EXPECT_EQ(model->spec(1).name, "weight_1");
+  EXPECT_EQ(model->spec(2).name, "weight_2");
+  EXPECT_THAT(model->spec(2).shape, ElementsAre(2u));
+  EXPECT_EQ(model->total_bytes(), 24u);
+  EXPECT_THAT(Floats(*model, 0), ElementsAre(0.0f, 0.001f, 0.002f));
+  EXPECT_THAT(Floats(*model, 1), ElementsAre(3 * 0.001f));
+  EXPECT_THAT(Floats(*model, 2), ElementsAre(4 * 0.001f, 5 * 0.001f));
+  absl::StatusOr<TrainOutput> out = learner->Train(*model, 0, kNotCancelled);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(Floats(out->model, 2),
+              ElementsAre(4 * 0.001f + 0.125f, 5 * 0.001f + 0.125f));
+}
+
+TEST(TestLearnerOptionsTest, BadTensors) {
+  for (const char* bad : {"", "3,,1", "0", "-1", "x", "1,1073741825"}) {
+    absl::StatusOr<TestLearnerOptions> options =
+        ParseTestLearnerOptions("a", {{"tensors", bad}});
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_THAT(options.status().message(), HasSubstr("tensors")) << bad;
+  }
+  TestLearnerOptions options;
+  options.tensor_sizes = {4, TestLearner::kMaxSize + 1};
+  EXPECT_EQ(TestLearner::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TestLearnerTest, TrainAddsDeltaAndReportsSamples) {
   auto learner = MakeLearner({{"delta", "0.25"}, {"sample_count", "40"}});
   ASSERT_NE(learner, nullptr);

@@ -241,24 +241,77 @@ HeapStorage::~HeapStorage() {
   munmap(data_, mapped_size_);
 }
 
-absl::StatusOr<Model> Model::Create(std::vector<TensorSpec> specs,
-                                    HeapStorage::Init init) {
+absl::StatusOr<std::shared_ptr<ScratchFileStorage>> ScratchFileStorage::Create(
+    const std::string& dir, uint64_t size) {
+  SWARM_ASSIGN_OR_RETURN(
+      std::unique_ptr<persist::WritableMappedFile> file,
+      persist::WritableMappedFile::Create(absl::StrCat(dir, "/scratch"), size));
+  // Unlinked at once: the mapping (and the descriptor the file object
+  // holds) keep the contents; nothing is left if the process dies.
+  if (unlink(file->temp_path().c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot unlink ", file->temp_path(),
+                                            ": ", std::strerror(errno)));
+  }
+  return std::shared_ptr<ScratchFileStorage>(
+      new ScratchFileStorage(std::move(file)));
+}
+
+ScratchFileStorage::ScratchFileStorage(
+    std::unique_ptr<persist::WritableMappedFile> file)
+    : file_(std::move(file)), data_(file_->data()), size_(file_->size()) {}
+
+// The file object unmaps and closes; its unlink of the (already removed)
+// temporary name finds nothing.
+ScratchFileStorage::~ScratchFileStorage() = default;
+
+void ScratchFileStorage::ReleaseResidentPages() const {
+  // A shared mapping: dropping its pages from the process loses nothing
+  // (dirty ones stay in the page cache until written back).
+  if (size_ > 0) madvise(data_, size_, MADV_DONTNEED);
+}
+
+namespace {
+
+// Create's layout: each tensor at a 64-byte aligned offset. Returns the
+// offsets and sets `end` to the bytes the storage needs.
+absl::StatusOr<std::vector<uint64_t>> AlignedOffsets(
+    const std::vector<TensorSpec>& specs, uint64_t* end) {
   SWARM_RETURN_IF_ERROR(CheckUniqueNames(specs));
   std::vector<uint64_t> offsets;
   offsets.reserve(specs.size());
-  uint64_t end = 0;
+  *end = 0;
   for (const TensorSpec& spec : specs) {
     SWARM_RETURN_IF_ERROR(CheckSpecSize(spec));
     const uint64_t begin =
-        (end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
-    if (begin < end || spec.byte_size > UINT64_MAX - begin) {
+        (*end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    if (begin < *end || spec.byte_size > UINT64_MAX - begin) {
       return absl::InvalidArgumentError("model size overflows 64 bits");
     }
     offsets.push_back(begin);
-    end = begin + spec.byte_size;
+    *end = begin + spec.byte_size;
   }
+  return offsets;
+}
+
+}  // namespace
+
+absl::StatusOr<Model> Model::Create(std::vector<TensorSpec> specs,
+                                    HeapStorage::Init init) {
+  uint64_t end = 0;
+  SWARM_ASSIGN_OR_RETURN(std::vector<uint64_t> offsets,
+                         AlignedOffsets(specs, &end));
   SWARM_ASSIGN_OR_RETURN(std::shared_ptr<HeapStorage> storage,
                          HeapStorage::Allocate(end, init));
+  return FromStorage(std::move(specs), std::move(offsets), std::move(storage));
+}
+
+absl::StatusOr<Model> Model::CreateInFile(std::vector<TensorSpec> specs,
+                                          const std::string& dir) {
+  uint64_t end = 0;
+  SWARM_ASSIGN_OR_RETURN(std::vector<uint64_t> offsets,
+                         AlignedOffsets(specs, &end));
+  SWARM_ASSIGN_OR_RETURN(std::shared_ptr<ScratchFileStorage> storage,
+                         ScratchFileStorage::Create(dir, end));
   return FromStorage(std::move(specs), std::move(offsets), std::move(storage));
 }
 

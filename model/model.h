@@ -19,6 +19,9 @@
 #include "proto/swarm.pb.h"
 
 namespace swarm {
+namespace persist {
+class WritableMappedFile;
+}  // namespace persist
 
 struct TensorSpec {
   std::string name;
@@ -88,6 +91,37 @@ class HeapStorage final : public ModelStorage {
   uint64_t mapped_size_;
 };
 
+// Writable storage in a file of its own under a directory, unlinked as soon
+// as it is made (nothing is left behind, whatever happens to the process):
+// a shared mapping, so its pages are the page cache's, written back to disk
+// under memory pressure rather than held as the process's anonymous memory
+// (disk offload). Space is reserved up front (fallocate): a full disk fails
+// Create, never a later write. Reads as zeros until written.
+class ScratchFileStorage final : public ModelStorage {
+ public:
+  // ResourceExhausted when the disk has no room for `size` bytes; an error
+  // naming `dir` when it cannot hold a file.
+  static absl::StatusOr<std::shared_ptr<ScratchFileStorage>> Create(
+      const std::string& dir, uint64_t size);
+  ~ScratchFileStorage() override;
+  ScratchFileStorage(const ScratchFileStorage&) = delete;
+  ScratchFileStorage& operator=(const ScratchFileStorage&) = delete;
+
+  const char* data() const override { return data_; }
+  char* mutable_data() override { return data_; }
+  uint64_t size() const override { return size_; }
+  // Unmaps the pages from the process; their contents stay in the file (the
+  // page cache, then the disk) and come back when read.
+  void ReleaseResidentPages() const override;
+
+ private:
+  explicit ScratchFileStorage(
+      std::unique_ptr<persist::WritableMappedFile> file);
+  std::unique_ptr<persist::WritableMappedFile> file_;
+  char* data_;
+  uint64_t size_;
+};
+
 // Most bytes of freed HeapStorage kept for reuse (default: a quarter of the
 // physical memory; 0 disables).
 void SetHeapStorageRecycleLimit(uint64_t bytes);
@@ -108,6 +142,11 @@ class Model {
   static absl::StatusOr<Model> Create(
       std::vector<TensorSpec> specs,
       HeapStorage::Init init = HeapStorage::Init::kZeroed);
+
+  // Create's layout (every tensor 64-byte aligned) in a ScratchFileStorage
+  // under `dir` instead of memory: zeroed, writable, file-backed.
+  static absl::StatusOr<Model> CreateInFile(std::vector<TensorSpec> specs,
+                                            const std::string& dir);
 
   // A model over existing storage: tensor i occupies
   // [offsets[i], offsets[i] + specs[i].byte_size) of `storage`.

@@ -101,6 +101,60 @@ TEST(ModelTest, MappedModelGivesItsPagesBackAndReadsThemAgain) {
   EXPECT_EQ(sum, 0x3cull * (32u << 20));
 }
 
+// /proc/self/status's RssAnon: anonymous memory resident now.
+uint64_t AnonymousBytes() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  char line[256];
+  unsigned long kib = 0;
+  while (status != nullptr && std::fgets(line, sizeof(line), status)) {
+    if (std::sscanf(line, "RssAnon: %lu kB", &kib) == 1) break;
+  }
+  if (status != nullptr) std::fclose(status);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
+TEST(ModelTest, CreateInFileKeepsTheLayoutInAnUnlinkedFile) {
+  const std::string dir = TempPath("scratch");
+  ASSERT_TRUE(std::filesystem::create_directories(dir));
+  const std::vector<TensorSpec> specs = {
+      *MakeTensorSpec("a", v1::DTYPE_U8, {3}),
+      *MakeTensorSpec("w", v1::DTYPE_F32, {8, 1 << 20})};  // 32 MiB
+  const uint64_t anon_before = AnonymousBytes();
+  {
+    absl::StatusOr<Model> model = Model::CreateInFile(specs, dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    // Nothing to see in the directory, even while the model lives.
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+    ASSERT_TRUE(model->writable());
+    EXPECT_EQ(model->total_bytes(), 3u + (32u << 20));
+    Model in_memory = *Model::Create(specs);
+    EXPECT_EQ(
+        model->tensor_data(1).data() - model->tensor_data(0).data(),
+        in_memory.tensor_data(1).data() - in_memory.tensor_data(0).data());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(model->tensor_data(1).data()) % 64,
+              0u);
+    uint64_t zeros = 0;
+    for (char c : model->tensor_data(1)) zeros += c == 0;
+    EXPECT_EQ(zeros, 32u << 20);
+    std::memset(model->mutable_tensor_data(1).data(), 0x5a, 32u << 20);
+    // The written pages are the file's, not anonymous memory.
+    EXPECT_LT(AnonymousBytes(), anon_before + (16u << 20));
+    const uint64_t touched = ResidentBytes();
+    model->storage()->ReleaseResidentPages();
+    EXPECT_GE(touched - ResidentBytes(), 24u << 20);
+    uint64_t sum = 0;
+    for (char c : model->tensor_data(1)) sum += static_cast<uint8_t>(c);
+    EXPECT_EQ(sum, 0x5aull * (32u << 20));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+  // No directory: the error names it.
+  absl::StatusOr<Model> missing = Model::CreateInFile(specs, dir);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find(dir), std::string::npos)
+      << missing.status();
+}
+
 TEST(ModelTest, RefusesDuplicateNamesAndWrongSizes) {
   std::vector<TensorSpec> dup = {*MakeTensorSpec("a", v1::DTYPE_U8, {3}),
                                  *MakeTensorSpec("a", v1::DTYPE_U8, {3})};
