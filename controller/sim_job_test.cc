@@ -63,6 +63,46 @@ TEST(SimTest, ThirtyTwoSitesCompleteTenRounds) {
   }
 }
 
+// The last round's aggregator is cut off once every site has LAST (as it
+// starts sending BEST): the others must not take the finished round for one
+// whose aggregator died and hand it to a backup (with lean memory they had
+// let go of its models, and the backup opened a round it could not run:
+// the job hung). Nobody is left to ask a holder for BEST, so each ends
+// FAILED within its bound, saying so.
+TEST(SimTest, AnAggregatorLostAfterLastDoesNotReopenTheRound) {
+  for (const bool lean : {false, true}) {
+    SCOPED_TRACE(lean ? "lean memory" : "in memory");
+    // Four rounds: the best (round 2's input) is held by every trainer,
+    // so BEST can come from a site other than the lost one.
+    Sim sim(Config(5, 4, [lean](v1::JobConfig* job) {
+      if (lean) job->set_lean_memory_min_model_bytes(0);
+    }));
+    const std::string last_aggregator = sim.Aggregator(3);
+    bool cut = false;
+    sim.network().SetObserver([&](const CallRecord& call) {
+      if (!cut && call.kind == CallKind::kFinalResult &&
+          call.model_kind == v1::MODEL_KIND_BEST &&
+          call.from == last_aggregator) {
+        cut = true;
+        sim.network().Isolate(last_aggregator);
+      }
+    });
+    sim.RunJob();
+    ASSERT_TRUE(cut);
+    for (int i : Without(AllSites(sim), sim.Index(last_aggregator))) {
+      const v1::SiteStatus status = sim.Status(i);
+      EXPECT_EQ(status.state(), v1::SITE_STATE_FAILED) << Sim::Name(i);
+      EXPECT_THAT(status.last_error(),
+                  HasSubstr("LAST of round 3 arrived but no BEST"))
+          << Sim::Name(i);
+      for (const v1::Failover& failover : status.failovers()) {
+        EXPECT_NE(failover.round(), 3u)
+            << Sim::Name(i) << " failed round 3 over to " << failover.to();
+      }
+    }
+  }
+}
+
 // The last aggregator does not train (it never held the best model) and the
 // site that scored the best round is gone at the end: BEST still reaches
 // every other site, from a trainer of the best round (checked against the

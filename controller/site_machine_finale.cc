@@ -278,11 +278,15 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
                                    std::shared_ptr<const Model> model) {
   finals_[header.kind()] = model;
   if (header.kind() == v1::MODEL_KIND_LAST && training_.has_value() &&
-      training_->result != nullptr && training_->round <= header.round() &&
-      LeanFor(training_->result->total_bytes())) {
+      training_->round <= header.round()) {
     // The job's outcome is here: this site's last result is not needed for
-    // a resubmission any more.
-    training_->result.reset();
+    // a resubmission any more, and its round is over. The training record
+    // goes with it (as at the next learn task), and with it the probing of
+    // that round's aggregator: an aggregator lost after LAST must not make
+    // this site hand a finished round to a backup (with lean memory its
+    // models were let go already).
+    out_.push_back(effect::CancelTraining{});
+    training_.reset();
   }
   record_.final_rounds[header.kind()] = header.round();
   // The record is taken only from the last round's aggregator (who closed
