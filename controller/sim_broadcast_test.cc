@@ -210,51 +210,6 @@ TEST(SimBroadcastTest, ASiteDownMidChainGetsTheTaskDirectlyOnceBack) {
       sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
 }
 
-// A trainer cut off from round 1 to round 3, wherever it sits in the
-// chain: rounds 1 and 2 go on without it (the scatterer reports it), the
-// sites after it in the chain still train, and it takes part again from
-// round 3. Weights: 1 per site, 4 for it (4 without it, 8 with it).
-TEST(SimBroadcastTest, ASiteCutOffMidJobIsLeftOutUntilItIsBack) {
-  SimConfig config = Config(5, 5, Broadcast);
-  Sim probe(config);
-  const int cut = BystanderTrainer(probe);
-  ASSERT_GE(cut, 0);
-  config.learner = [&](int i, TestLearnerOptions* options) {
-    options->sample_count = i == cut ? 4 : 1;
-  };
-  Sim sim(config);
-  const std::string name = Sim::Name(cut);
-  sim.network().SetObserver([&](const CallRecord& call) {
-    if (call.kind == CallKind::kLearnTask && call.round == 1) {
-      sim.network().Isolate(name);
-    }
-    if (call.kind == CallKind::kLearnTask && call.round == 3) {
-      sim.network().Recover(name);
-    }
-  });
-  sim.Configure();
-  sim.Start();
-  ASSERT_TRUE(sim.RunUntil([&] { return !ResultTimes(sim, 1).empty(); }));
-  EXPECT_THAT(sim.Status(sim.Index(sim.Aggregator(0))).last_error(),
-              HasSubstr(absl::StrCat("learn task to ", name)));
-  sim.runner().RunUntilIdle();
-
-  const std::vector<int> all = AllSites(sim);
-  ExpectAllDone(sim);
-  for (uint32_t round : {1u, 2u}) {
-    EXPECT_EQ(sim.learner(cut).globals().count(round), 0u);
-  }
-  EXPECT_EQ(sim.learner(cut).globals().count(3), 1u);
-  // Every other trainer is in rounds 1 and 2 (the task reached the sites
-  // after the cut one, forwarded or directly).
-  ExpectExactRounds(
-      sim,
-      [&](uint32_t round) {
-        return round == 1 || round == 2 ? Without(all, cut) : all;
-      },
-      all);
-}
-
 TEST(ThreadedSimBroadcastTest, CompletesWithExactAggregates) {
   Sim sim(Threaded(Config(8, 3, Broadcast)));
   sim.Configure();

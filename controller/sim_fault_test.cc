@@ -239,50 +239,57 @@ TEST(SimTest, IsolatedTrainerIsNotWaitedForAndRejoinsAfterRecovery) {
   // A trainer is cut off from round 1 to round 3: its learn tasks are not
   // acknowledged, so rounds 1 and 2 neither wait for it nor count it, and
   // the scatterers report it. It recovers before round 3 and takes part
-  // again. Weights: 1 per site, 4 for it (4 without it, 8 with it).
-  SimConfig config = Config(5, 5);
-  Sim probe(config);
-  const int cut = BystanderTrainer(probe);
-  ASSERT_GE(cut, 0);
-  config.learner = [&](int i, TestLearnerOptions* options) {
-    options->sample_count = i == cut ? 4 : 1;
-  };
-  Sim sim(config);
-  const std::string name = Sim::Name(cut);
-  sim.network().SetObserver([&](const CallRecord& call) {
-    if (call.kind == CallKind::kLearnTask && call.round == 1) {
-      sim.network().Isolate(name);
-    }
-    if (call.kind == CallKind::kLearnTask && call.round == 3) {
-      sim.network().Recover(name);
-    }
-  });
-  sim.Configure();
-  sim.Start();
-  ASSERT_TRUE(sim.RunUntil([&] { return !ResultTimes(sim, 1).empty(); }));
-  EXPECT_THAT(sim.Status(sim.Index(sim.Aggregator(0))).last_error(),
-              HasSubstr(absl::StrCat("learn task to ", name)));
-  sim.runner().RunUntilIdle();
+  // again. Weights: 1 per site, 4 for it (4 without it, 8 with it). The
+  // same with the learn tasks broadcast: wherever the cut site sits in the
+  // chain, the sites after it still get the task.
+  for (const bool broadcast : {false, true}) {
+    SCOPED_TRACE(broadcast ? "broadcast" : "star");
+    SimConfig config = Config(5, 5, [broadcast](v1::JobConfig* job) {
+      job->set_broadcast_learn_tasks(broadcast);
+    });
+    Sim probe(config);
+    const int cut = BystanderTrainer(probe);
+    ASSERT_GE(cut, 0);
+    config.learner = [&](int i, TestLearnerOptions* options) {
+      options->sample_count = i == cut ? 4 : 1;
+    };
+    Sim sim(config);
+    const std::string name = Sim::Name(cut);
+    sim.network().SetObserver([&](const CallRecord& call) {
+      if (call.kind == CallKind::kLearnTask && call.round == 1) {
+        sim.network().Isolate(name);
+      }
+      if (call.kind == CallKind::kLearnTask && call.round == 3) {
+        sim.network().Recover(name);
+      }
+    });
+    sim.Configure();
+    sim.Start();
+    ASSERT_TRUE(sim.RunUntil([&] { return !ResultTimes(sim, 1).empty(); }));
+    EXPECT_THAT(sim.Status(sim.Index(sim.Aggregator(0))).last_error(),
+                HasSubstr(absl::StrCat("learn task to ", name)));
+    sim.runner().RunUntilIdle();
 
-  const std::vector<int> all = AllSites(sim);
-  for (int i : all) {
-    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    const std::vector<int> all = AllSites(sim);
+    for (int i : all) {
+      EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    }
+    for (uint32_t round : {1u, 2u}) {
+      // Closed on the last result of the others: no grace wait (10 s), no
+      // timeout.
+      EXPECT_EQ(RoundClosedAt(sim, round), ResultTimes(sim, round).back());
+      EXPECT_LT(RoundClosedAt(sim, round) - RoundOpenedAt(sim, round),
+                absl::Seconds(10));
+      EXPECT_EQ(sim.learner(cut).globals().count(round), 0u);
+    }
+    EXPECT_EQ(sim.learner(cut).globals().count(3), 1u);
+    ExpectExactRounds(
+        sim,
+        [&](uint32_t round) {
+          return round == 1 || round == 2 ? Without(all, cut) : all;
+        },
+        all);
   }
-  for (uint32_t round : {1u, 2u}) {
-    // Closed on the last result of the others: no grace wait (10 s), no
-    // timeout.
-    EXPECT_EQ(RoundClosedAt(sim, round), ResultTimes(sim, round).back());
-    EXPECT_LT(RoundClosedAt(sim, round) - RoundOpenedAt(sim, round),
-              absl::Seconds(10));
-    EXPECT_EQ(sim.learner(cut).globals().count(round), 0u);
-  }
-  EXPECT_EQ(sim.learner(cut).globals().count(3), 1u);
-  ExpectExactRounds(
-      sim,
-      [&](uint32_t round) {
-        return round == 1 || round == 2 ? Without(all, cut) : all;
-      },
-      all);
 }
 
 TEST(SimTest, AbortStopsEveryActivityPromptly) {
