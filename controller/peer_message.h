@@ -37,6 +37,11 @@ struct PeerMessage {
   // The call's deadline from its start (a model stream's transport may
   // extend it for a large model).
   absl::Duration timeout = absl::Seconds(10);
+  // A broadcast's head (header.relay_to set): how long one write may wait
+  // before the head is given up. Longer for a longer chain: a site frozen
+  // further down stalls every hop above it until its own forwarder gives it
+  // up, and no hop above may give up first. Zero: `timeout`.
+  absl::Duration relay_stall = absl::ZeroDuration();
 
   bool is_model_stream() const {
     return kind == CallKind::kLearnTask || kind == CallKind::kSubmitResult ||

@@ -181,7 +181,9 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
               std::max(timeout, StreamDeadline(message.model->total_bytes())));
   FrameRelay::Options options;
   options.max_queued_frames = 8;
-  options.stall_timeout = timeout;
+  options.stall_timeout = message.relay_stall > absl::ZeroDuration()
+                              ? message.relay_stall
+                              : timeout;
   options.what = absl::StrCat("round ", header.round(),
                               " learn task broadcast to ", to.name());
   const absl::string_view method = CallKindName(message.kind);

@@ -488,8 +488,13 @@ class PeerService::UploadCall final
                    : deadline - kRelayMargin;
     context->set_deadline(absl::ToChronoTime(deadline));
     FrameRelay::Options options;
-    options.stall_timeout = std::max(
-        absl::Seconds(1), absl::Milliseconds(job->failover_timeout_ms()));
+    // failover_timeout per hop after this one: a site frozen further down
+    // stalls this hop too (backpressure), and the forwarder nearest to it
+    // must give it up first, so that the rest flows again.
+    options.stall_timeout =
+        std::max(absl::Seconds(1),
+                 absl::Milliseconds(job->failover_timeout_ms())) *
+        static_cast<int64_t>(onward.relay_to_size() + 1);
     options.what = absl::StrCat("round ", header.round(),
                                 " learn task forwarded to ", next);
     {
