@@ -215,36 +215,29 @@ void FakeNetwork::SendRelayed(const std::string& from, const v1::SiteInfo& to,
                                 message.header.relay_to().end());
   message.header.clear_relay_to();
   PeerMessage onward = message;  // Shares the model.
-  Send(from, to, std::move(message),
-       [this, forwarder = to.name(), onward = std::move(onward), rest,
-        done = std::move(done)](absl::StatusOr<PeerReply> reply) mutable {
-         // A forwarder that refused the stream forwards nothing.
-         if (!reply.ok() || rest.empty()) return done(std::move(reply));
-         v1::SiteInfo next;
-         next.set_name(rest[0]);
-         for (size_t i = 1; i < rest.size(); ++i) {
-           onward.header.add_relay_to(rest[i]);
-         }
-         SendRelayed(forwarder, next, std::move(onward),
-                     [reply = std::move(*reply), next = rest[0],
-                      done = std::move(done)](
-                         absl::StatusOr<PeerReply> forwarded) mutable {
-                       v1::RelayOutcome* hop = reply.reply.add_relayed();
-                       hop->set_site(next);
-                       if (!forwarded.ok()) {
-                         hop->set_transport_failed(true);
-                         hop->set_message(forwarded.status().ToString());
-                       } else {
-                         hop->set_outcome(forwarded->reply.outcome());
-                         hop->set_message(forwarded->reply.message());
-                         for (const v1::RelayOutcome& later :
-                              forwarded->reply.relayed()) {
-                           *reply.reply.add_relayed() = later;
-                         }
-                       }
-                       done(std::move(reply));
-                     });
-       });
+  Send(
+      from, to, std::move(message),
+      [this, forwarder = to.name(), onward = std::move(onward), rest,
+       done = std::move(done)](absl::StatusOr<PeerReply> reply) mutable {
+        // A forwarder that refused the stream forwards nothing.
+        if (!reply.ok() || rest.empty()) return done(std::move(reply));
+        v1::SiteInfo next;
+        next.set_name(rest[0]);
+        for (size_t i = 1; i < rest.size(); ++i) {
+          onward.header.add_relay_to(rest[i]);
+        }
+        SendRelayed(
+            forwarder, next, std::move(onward),
+            [reply = std::move(*reply), next = rest[0], done = std::move(done)](
+                absl::StatusOr<PeerReply> forwarded) mutable {
+              AddRelayed(next,
+                         forwarded.ok() ? absl::StatusOr<v1::Reply>(
+                                              std::move(forwarded->reply))
+                                        : forwarded.status(),
+                         &reply.reply);
+              done(std::move(reply));
+            });
+      });
 }
 
 void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,

@@ -37,4 +37,20 @@ absl::Status StatusFromReply(const absl::StatusOr<v1::Reply>& reply) {
       absl::StrCat(v1::Outcome_Name(reply->outcome()), ": ", reply->message()));
 }
 
+void AddRelayed(const std::string& next, const absl::StatusOr<v1::Reply>& reply,
+                v1::Reply* into) {
+  v1::RelayOutcome* hop = into->add_relayed();
+  hop->set_site(next);
+  if (!reply.ok()) {
+    hop->set_transport_failed(true);
+    hop->set_message(std::string(reply.status().message()));
+    return;
+  }
+  hop->set_outcome(reply->outcome());
+  hop->set_message(reply->message());
+  for (const v1::RelayOutcome& later : reply->relayed()) {
+    *into->add_relayed() = later;
+  }
+}
+
 }  // namespace swarm

@@ -27,6 +27,12 @@ v1::Reply ReplyFromStatus(const absl::Status& status);
 // call keeps its status.
 absl::Status StatusFromReply(const absl::StatusOr<v1::Reply>& reply);
 
+// A forwarded stream (ModelHeader.relay_to): appends to `into` how site
+// `next` answered the forward (`reply`: its reply, or why the call to it
+// failed), then the answers `next` gave for the sites after it.
+void AddRelayed(const std::string& next, const absl::StatusOr<v1::Reply>& reply,
+                v1::Reply* into);
+
 }  // namespace swarm
 
 #endif  // SWARM_CONTROLLER_REPLIES_H_

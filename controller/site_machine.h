@@ -376,7 +376,7 @@ class SiteMachine {
     std::vector<std::string> acked;
     // Trainers the task did not reach, and why.
     std::map<std::string, std::string> missed;
-    // The grace timer for the trainers still silent is set (or not wanted).
+    // The grace timer for the trainers still silent is set.
     bool grace_set = false;
     // Broadcast: the aggregator kept the chain's copy (its task goes
     // without a body).
@@ -521,8 +521,12 @@ class SiteMachine {
   // The answer of a broadcast's head, for itself and the sites after it.
   void OnChainTaskDone(const Call& call, const event::CallDone& e);
   // How `target` answered round `round`'s learn task.
+  // With !may_start_grace its acknowledgement does not start the grace for
+  // the trainers still silent (a broadcast's answers, when direct sends
+  // follow them).
   void NoteTaskToTrainer(uint32_t round, const std::string& target,
-                         const absl::Status& status);
+                         const absl::Status& status,
+                         bool may_start_grace = true);
   PeerMessage TaskToTrainer(const Scatter& scatter) const;
   void SendTaskToTrainer(const Scatter& scatter, const std::string& target);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);

@@ -143,7 +143,9 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
     }
   }
   auto it = scatters_.find(call.round);
-  if (it != scatters_.end() && it->second.header.aggregator_task_follows()) {
+  const bool aggregator_on_chain =
+      it != scatters_.end() && it->second.header.aggregator_task_follows();
+  if (aggregator_on_chain) {
     // The aggregator is not a trainer of the scatter: whether it kept a
     // copy decides only whether its task goes with a body.
     auto kept = answered.find(aggregator);
@@ -154,10 +156,7 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
   std::vector<std::string> direct;
   for (size_t i = 1; i < call.chain.size(); ++i) {
     const std::string& site = call.chain[i];
-    if (it != scatters_.end() && it->second.header.aggregator_task_follows() &&
-        site == aggregator) {
-      continue;
-    }
+    if (aggregator_on_chain && site == aggregator) continue;
     auto found = answered.find(site);
     // A site the chain did not reach, or that its forwarder could not
     // reach, gets the task straight from here (its forwarder's link may be
@@ -177,17 +176,12 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
     for (const std::string& site : direct) {
       SendTaskToTrainer(it->second, site);
     }
-    // The grace for the sites still silent starts at the first direct
-    // acknowledgement, as in a scatter without broadcast: the chain's
-    // answers came before these sends began.
-    it->second.grace_set = true;
   }
+  // With direct sends under way, the grace for the sites still silent
+  // starts at the first direct acknowledgement, as in a scatter without
+  // broadcast: the chain's answers came before those sends began.
   for (const auto& [site, status] : answered) {
-    NoteTaskToTrainer(call.round, site, status);
-  }
-  if (fallback) {
-    auto again = scatters_.find(call.round);
-    if (again != scatters_.end()) again->second.grace_set = false;
+    NoteTaskToTrainer(call.round, site, status, /*may_start_grace=*/!fallback);
   }
 }
 
@@ -198,7 +192,8 @@ void SiteMachine::OnTaskToTrainerDone(const Call& call,
 }
 
 void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
-                                    const absl::Status& status) {
+                                    const absl::Status& status,
+                                    bool may_start_grace) {
   if (!status.ok()) {
     ReportError(absl::StrCat("round ", round, ": learn task to ", target,
                              " not acknowledged; not waiting for it"),
@@ -216,7 +211,7 @@ void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
   const auto remote = [this](const std::string& site) {
     return site != options_.site;
   };
-  if (status.ok() && remote(target) && !scatter.grace_set &&
+  if (status.ok() && remote(target) && may_start_grace && !scatter.grace_set &&
       !scatter.waiting.empty()) {
     scatter.grace_set = true;
     // The tasks stream in parallel: a trainer still silent a failover

@@ -44,12 +44,8 @@ class FrameRelay::Call final
   void OnWriteDone(bool ok) override { relay_->OnWriteDone(ok); }
 
   void OnDone(const grpc::Status& status) override {
-    absl::StatusOr<v1::Reply> result = reply_;
-    if (!status.ok()) {
-      result = ToAbslStatus(status);
-    } else if (!writes_done_ && reply_.message().empty()) {
-      result = absl::UnavailableError("the forwarded stream broke");
-    }
+    absl::StatusOr<v1::Reply> result =
+        UploadOutcome(status, std::move(reply_), writes_done_, path_);
     std::shared_ptr<FrameRelay> relay = std::move(relay_);
     Done done = std::move(done_);
     delete this;

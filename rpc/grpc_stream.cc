@@ -265,10 +265,14 @@ absl::StatusOr<v1::Reply> StreamModelToPeer(grpc::ChannelInterface* channel,
         return writer->Write(frame, options);
       });
   const grpc::Status status = writer->Finish();
-  // An OK status with a reply means the peer decided, even if it stopped
-  // reading early (e.g. it refused the header); the reply says why.
+  return UploadOutcome(status, std::move(reply), written, path);
+}
+
+absl::StatusOr<v1::Reply> UploadOutcome(const grpc::Status& status,
+                                        v1::Reply reply, bool all_written,
+                                        absl::string_view path) {
   if (!status.ok()) return ToAbslStatus(status);
-  if (!written && reply.message().empty()) {
+  if (!all_written && reply.message().empty()) {
     return absl::UnavailableError(
         absl::StrCat("model stream to ", path, " broke"));
   }
@@ -319,15 +323,8 @@ class ModelUpload final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnDone(const grpc::Status& status) override {
-    absl::StatusOr<v1::Reply> result = reply_;
-    // An OK status with a reply means the peer decided, even if it stopped
-    // reading early (e.g. it refused the header); the reply says why.
-    if (!status.ok()) {
-      result = ToAbslStatus(status);
-    } else if (!all_written_ && reply_.message().empty()) {
-      result = absl::UnavailableError(
-          absl::StrCat("model stream to ", path_, " broke"));
-    }
+    absl::StatusOr<v1::Reply> result =
+        UploadOutcome(status, std::move(reply_), all_written_, path_);
     std::function<void(absl::StatusOr<v1::Reply>)> done = std::move(done_);
     delete this;
     done(std::move(result));

@@ -101,6 +101,14 @@ absl::StatusOr<Model> FetchModelFromPeer(grpc::ChannelInterface* channel,
                                          const v1::FetchModelRequest& request,
                                          Assembler* assembler);
 
+// How a client-streaming model upload ended: an OK status with a reply
+// means the peer decided, even if it stopped reading early (it refused the
+// header); the reply says why. A failed status, or an upload that broke off
+// without a reply, is an error naming `path`.
+absl::StatusOr<v1::Reply> UploadOutcome(const grpc::Status& status,
+                                        v1::Reply reply, bool all_written,
+                                        absl::string_view path);
+
 // absl <-> gRPC status conversions.
 absl::Status ToAbslStatus(const grpc::Status& status);
 grpc::Status ToGrpcStatus(const absl::Status& status);

@@ -23,6 +23,19 @@ absl::Status PeerError(const v1::SiteInfo& to, absl::string_view call,
                                    "): ", status.message()));
 }
 
+// A model stream's end as the caller's answer: the peer's reply, or the
+// failure naming the peer.
+std::function<void(absl::StatusOr<v1::Reply>)> StreamAnswer(
+    const v1::SiteInfo& to, absl::string_view method,
+    PeerTransport::Done done) {
+  return [to, method, done = std::move(done)](absl::StatusOr<v1::Reply> reply) {
+    if (!reply.ok()) return done(PeerError(to, method, reply.status()));
+    PeerReply peer;
+    peer.reply = std::move(*reply);
+    done(std::move(peer));
+  };
+}
+
 }  // namespace
 
 absl::Duration StreamDeadline(uint64_t bytes) {
@@ -191,13 +204,10 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
       channels_->Get(to.address()).get(), method, std::move(context),
       EncodeHeaderFrame(header), std::move(options), watchdog_.get(),
       [feed] { feed->Pump(); },
-      [feed, to, method,
-       done = std::move(done)](absl::StatusOr<v1::Reply> reply) {
+      [feed, answer = StreamAnswer(to, method, std::move(done))](
+          absl::StatusOr<v1::Reply> reply) {
         feed->Release();  // Breaks the cycle feed -> relay -> callbacks.
-        if (!reply.ok()) return done(PeerError(to, method, reply.status()));
-        PeerReply peer;
-        peer.reply = std::move(*reply);
-        done(std::move(peer));
+        answer(std::move(reply));
       });
   feed->set_relay(std::move(relay));
   feed->Pump();
@@ -206,37 +216,28 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
 void GrpcPeerTransport::SendStream(const v1::SiteInfo& to, PeerMessage message,
                                    Done done) {
   const absl::Duration timeout = std::max(message.timeout, unary_timeout_);
-  {
-    const absl::string_view method = CallKindName(message.kind);
-    // A header-only stream (a failed result) carries an empty model.
-    std::shared_ptr<const Model> model = message.model != nullptr
-                                             ? message.model
-                                             : std::make_shared<const Model>();
-    const uint64_t chunk_size = message.header.chunk_size() != 0
-                                    ? message.header.chunk_size()
-                                    : kDefaultChunkSize;
-    absl::StatusOr<std::unique_ptr<Chunker>> chunker =
-        Chunker::Create(model, message.header, chunk_size);
-    if (!chunker.ok()) {
-      // Not inside Send: the caller may hold what `done` needs.
-      runner_->Post([done = std::move(done), status = chunker.status()] {
-        done(status);
-      });
-      return;
-    }
-    auto context = std::make_unique<grpc::ClientContext>();
-    SetDeadline(context.get(),
-                std::max(timeout, StreamDeadline(model->total_bytes())));
-    StartModelUpload(
-        channels_->Get(to.address()).get(), method, std::move(context),
-        std::move(*chunker),
-        [to, method, done = std::move(done)](absl::StatusOr<v1::Reply> reply) {
-          if (!reply.ok()) return done(PeerError(to, method, reply.status()));
-          PeerReply peer;
-          peer.reply = std::move(*reply);
-          done(std::move(peer));
-        });
+  const absl::string_view method = CallKindName(message.kind);
+  // A header-only stream (a failed result) carries an empty model.
+  std::shared_ptr<const Model> model = message.model != nullptr
+                                           ? message.model
+                                           : std::make_shared<const Model>();
+  const uint64_t chunk_size = message.header.chunk_size() != 0
+                                  ? message.header.chunk_size()
+                                  : kDefaultChunkSize;
+  absl::StatusOr<std::unique_ptr<Chunker>> chunker =
+      Chunker::Create(model, message.header, chunk_size);
+  if (!chunker.ok()) {
+    // Not inside Send: the caller may hold what `done` needs.
+    runner_->Post(
+        [done = std::move(done), status = chunker.status()] { done(status); });
+    return;
   }
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetDeadline(context.get(),
+              std::max(timeout, StreamDeadline(model->total_bytes())));
+  StartModelUpload(channels_->Get(to.address()).get(), method,
+                   std::move(context), std::move(*chunker),
+                   StreamAnswer(to, method, std::move(done)));
 }
 
 void GrpcPeerTransport::SendUnary(const v1::SiteInfo& to, PeerMessage message,

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
+#include "controller/replies.h"
 #include "rpc/frame_relay.h"
 #include "rpc/stream_watchdog.h"
 #include "security/certificates.h"
@@ -316,7 +317,8 @@ class PeerService::UploadCall final
     // (whose answers for itself and the hops after it join the reply).
     bool relay_pending ABSL_GUARDED_BY(mu) = false;
     std::optional<v1::Reply> own ABSL_GUARDED_BY(mu);
-    std::vector<v1::RelayOutcome> relayed ABSL_GUARDED_BY(mu);
+    // The next hop's answers (Reply.relayed only).
+    v1::Reply relayed ABSL_GUARDED_BY(mu);
   };
 
   void OnHeader(bool ok) {
@@ -548,9 +550,7 @@ class PeerService::UploadCall final
         return;
       }
       *shared->reply = std::move(reply);
-      for (v1::RelayOutcome& hop : shared->relayed) {
-        *shared->reply->add_relayed() = std::move(hop);
-      }
+      shared->reply->mutable_relayed()->Swap(shared->relayed.mutable_relayed());
       finishing = shared->call;
       shared->call = nullptr;
     }
@@ -566,21 +566,7 @@ class PeerService::UploadCall final
     std::optional<v1::Reply> own;
     {
       absl::MutexLock lock(&shared->mu);
-      v1::RelayOutcome hop;
-      hop.set_site(next);
-      if (!reply.ok()) {
-        hop.set_transport_failed(true);
-        hop.set_message(std::string(reply.status().message()));
-      } else {
-        hop.set_outcome(reply->outcome());
-        hop.set_message(reply->message());
-      }
-      shared->relayed.push_back(std::move(hop));
-      if (reply.ok()) {
-        for (const v1::RelayOutcome& later : reply->relayed()) {
-          shared->relayed.push_back(later);
-        }
-      }
+      AddRelayed(next, reply, &shared->relayed);
       shared->relay_pending = false;
       own = std::move(shared->own);
     }
