@@ -132,6 +132,9 @@ v1::JobConfig WithDefaults(v1::JobConfig c) {
   if (!c.has_broadcast_learn_tasks()) {
     c.set_broadcast_learn_tasks(kDefaultBroadcastLearnTasks);
   }
+  if (!c.has_reduce_results_in_chain()) {
+    c.set_reduce_results_in_chain(kDefaultReduceResultsInChain);
+  }
   return c;
 }
 
@@ -260,6 +263,13 @@ void CheckAggregationAndTransfer(const v1::JobConfig& c,
     errors->push_back(
         absl::StrFormat("stop_patience_rounds: %d is more than num_rounds (%d)",
                         c.stop_patience_rounds(), c.num_rounds()));
+  }
+  if (c.reduce_results_in_chain() &&
+      c.aggregation_method() != v1::AGGREGATION_FEDAVG) {
+    errors->push_back(absl::StrFormat(
+        "reduce_results_in_chain: only with AGGREGATION_FEDAVG (a chain "
+        "passes on one running sum; %s needs every result on its own)",
+        v1::AggregationMethod_Name(c.aggregation_method())));
   }
   if (!(c.trim_fraction() >= 0.0 && c.trim_fraction() < 0.5)) {
     errors->push_back(absl::StrFormat("trim_fraction: %g is not in [0, 0.5)",

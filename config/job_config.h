@@ -36,6 +36,7 @@ inline constexpr char kDefaultMetricName[] = "accuracy";
 inline constexpr uint64_t kDefaultMaxModelBytes = 64ull << 30;
 inline constexpr uint64_t kDefaultLeanMemoryMinModelBytes = 128ull << 20;
 inline constexpr bool kDefaultBroadcastLearnTasks = false;
+inline constexpr bool kDefaultReduceResultsInChain = false;
 
 // Limits checked by ValidateJobConfig.
 // kMinChunkSize, kMaxChunkSize, kDefaultChunkSize: streaming/chunker.h.

@@ -359,6 +359,21 @@ TEST(ValidateJobConfigTest, BadChunkSize) {
   EXPECT_THAT(ErrorOf(config), HasSubstr("chunk_size: 67108865 is not in"));
 }
 
+TEST(ValidateJobConfigTest, ChainReductionOnlyWithFedAvg) {
+  v1::JobConfig config = BaseConfig();
+  config.set_reduce_results_in_chain(true);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_aggregation_method(v1::AGGREGATION_MEDIAN);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("reduce_results_in_chain: only with "
+                        "AGGREGATION_FEDAVG (a chain passes on one running "
+                        "sum; AGGREGATION_MEDIAN needs every result"));
+  config.set_aggregation_method(v1::AGGREGATION_TRIMMED_MEAN);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("AGGREGATION_TRIMMED_MEAN needs"));
+  config.set_reduce_results_in_chain(false);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+}
+
 TEST(ValidateJobConfigTest, BadTrimFraction) {
   v1::JobConfig config = BaseConfig();
   config.set_aggregation_method(v1::AGGREGATION_TRIMMED_MEAN);
@@ -446,6 +461,8 @@ TEST(WithDefaultsTest, FillsEveryDefault) {
   EXPECT_EQ(config.lean_memory_min_model_bytes(), 128ull << 20);
   EXPECT_TRUE(config.has_broadcast_learn_tasks());
   EXPECT_FALSE(config.broadcast_learn_tasks());
+  EXPECT_TRUE(config.has_reduce_results_in_chain());
+  EXPECT_FALSE(config.reduce_results_in_chain());
   EXPECT_EQ(config.seed(), 0u);
   EXPECT_FALSE(config.disk_offload());
   EXPECT_FALSE(config.send_weight_diff());
@@ -494,6 +511,7 @@ TEST(WithDefaultsTest, KeepsSetFieldsAndIsIdempotent) {
   config.set_max_model_bytes(4096);
   config.set_lean_memory_min_model_bytes(0);  // Set, though zero.
   config.set_broadcast_learn_tasks(true);
+  config.set_reduce_results_in_chain(true);
   v1::JobConfig defaulted = WithDefaults(config);
   EXPECT_TRUE(
       google::protobuf::util::MessageDifferencer::Equals(defaulted, config))
@@ -532,6 +550,7 @@ constexpr char kFullConfig[] = R"({
   "start_timeout_ms": 900000,
   "lean_memory_min_model_bytes": "268435456",
   "broadcast_learn_tasks": true,
+  "reduce_results_in_chain": false,
   "aggregation_method": "AGGREGATION_TRIMMED_MEAN",
   "trim_fraction": 0.2,
   "metric_name": "loss",
@@ -577,6 +596,7 @@ TEST(LoadJobConfigTest, FullConfigRoundTrip) {
   EXPECT_EQ(config.start_timeout_ms(), 900000u);
   EXPECT_EQ(config.lean_memory_min_model_bytes(), 256u << 20);
   EXPECT_TRUE(config.broadcast_learn_tasks());
+  EXPECT_FALSE(config.reduce_results_in_chain());
   EXPECT_EQ(config.aggregation_method(), v1::AGGREGATION_TRIMMED_MEAN);
   EXPECT_EQ(config.trim_fraction(), 0.2);
   EXPECT_EQ(config.metric_name(), "loss");

@@ -295,6 +295,19 @@ absl::StatusOr<Admitted> AdmitStream(const JobView* job, const SiteRecord& site,
                          " is not a trainer of job ", job->id()));
       }
       return Admitted();
+    case v1::MODEL_KIND_PARTIAL_SUM:
+      if (!job->config().reduce_results_in_chain()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("a partial sum, but job ", job->id(),
+                         " does not reduce results in a chain "
+                         "(reduce_results_in_chain)"));
+      }
+      if (!job->IsTrainer(header.sender())) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("sender ", header.sender(),
+                         " is not a trainer of job ", job->id()));
+      }
+      return Admitted();
     case v1::MODEL_KIND_BEST:
     case v1::MODEL_KIND_LAST:
       return AdmitFinal(*job, site, header);

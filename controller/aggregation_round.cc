@@ -1,7 +1,11 @@
 #include "controller/aggregation_round.h"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "controller/replies.h"
@@ -92,8 +96,133 @@ AggregationRound::Permission AggregationRound::RequestToSubmit(
   return permission;
 }
 
+absl::Status CheckPartialSumHeader(const v1::ModelHeader& header) {
+  if (header.contributions().empty()) {
+    return absl::InvalidArgumentError(
+        "contributions: a partial sum must name its contributors");
+  }
+  std::set<std::string> seen;
+  uint64_t total = 0;
+  for (const v1::Contribution& contribution : header.contributions()) {
+    if (!seen.insert(contribution.site()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "contributions: ", contribution.site(), " is named twice"));
+    }
+    if (contribution.sample_count() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("contributions: the sample count of ",
+                       contribution.site(), " is not positive"));
+    }
+    if (contribution.sample_count() > (uint64_t{1} << 62) - total) {
+      return absl::InvalidArgumentError(
+          "contributions: the sample counts overflow");
+    }
+    total += contribution.sample_count();
+  }
+  if (total != header.sample_count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample_count: ", header.sample_count(),
+        " is not the sum of the contributions' sample counts (", total, ")"));
+  }
+  if (!(header.partial_scale() >= 0) ||
+      !std::isfinite(header.partial_scale())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial_scale: ", header.partial_scale(),
+                     " is not a positive number"));
+  }
+  return absl::OkStatus();
+}
+
+AggregationRound::ResultStart AggregationRound::BeginPartialSum(
+    const v1::ModelHeader& header, absl::Time now) {
+  ResultStart start;
+  start.refused = CheckPartialSumHeader(header);
+  std::vector<std::string> begun;
+  if (start.refused.ok()) {
+    for (const v1::Contribution& contribution : header.contributions()) {
+      const ResultDecision decision =
+          gatherer_.BeginResult(contribution.site(), header.round(), now,
+                                /*permission_needed=*/false);
+      if (decision.ok()) {
+        begun.push_back(contribution.site());
+        continue;
+      }
+      const std::string why =
+          absl::StrCat("the partial sum's contributor ", contribution.site(),
+                       ": ", decision.message);
+      start.refused = decision.code == ResultCode::kError
+                          ? absl::InvalidArgumentError(why)
+                          : absl::FailedPreconditionError(why);
+      break;
+    }
+  }
+  if (start.refused.ok()) {
+    absl::StatusOr<std::unique_ptr<TensorSink>> sink =
+        aggregator_->NewResultSink();
+    if (sink.ok()) {
+      start.sink = std::move(*sink);
+    } else {
+      start.refused = sink.status();
+    }
+  }
+  if (!start.refused.ok()) {
+    ++rejected_;
+    for (const std::string& site : begun) {
+      gatherer_.FailResult(site, start.refused.message(), now);
+    }
+  }
+  start.report = gatherer_.CheckDone(now);
+  return start;
+}
+
+AggregationRound::ResultEnd AggregationRound::CompletePartialSum(
+    const v1::ModelHeader& header,
+    const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
+  ResultEnd end;
+  std::vector<Aggregator::PartialTerm> terms;
+  for (const v1::Contribution& contribution : header.contributions()) {
+    terms.push_back({static_cast<int64_t>(contribution.sample_count()),
+                     contribution.payload_kind()});
+  }
+  const double scale = header.partial_scale() == 0 ? 1 : header.partial_scale();
+  absl::Status added = model.ok()
+                           ? aggregator_->AddPartialSum(**model, scale, terms)
+                           : model.status();
+  if (!added.ok()) {
+    for (const v1::Contribution& contribution : header.contributions()) {
+      gatherer_.FailResult(contribution.site(), added.message(), now);
+    }
+    ++rejected_;
+    end.refused = added;
+    end.report = gatherer_.CheckDone(now);
+    return end;
+  }
+  int counted = 0;
+  for (const v1::Contribution& contribution : header.contributions()) {
+    const ResultDecision decision = gatherer_.CompleteResult(
+        contribution.site(), contribution.sample_count(),
+        contribution.metrics(), now);
+    if (decision.ok()) {
+      ++accepted_;
+      ++counted;
+    } else {
+      ++rejected_;
+    }
+  }
+  end.reply =
+      MakeReply(v1::OUTCOME_OK,
+                absl::StrCat("partial sum of ", header.contributions_size(),
+                             " result(s) added (", counted,
+                             " counted for round ", round(), ")"));
+  end.report = gatherer_.CheckDone(now);
+  return end;
+}
+
 AggregationRound::ResultStart AggregationRound::BeginResult(
     const v1::ModelHeader& header, absl::Time now) {
+  if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    return BeginPartialSum(header, now);
+  }
   ResultStart start;
   const ResultDecision decision =
       gatherer_.BeginResult(header.sender(), header.round(), now);
@@ -137,6 +266,9 @@ AggregationRound::ResultEnd AggregationRound::CompleteResult(
                                " closed before the result was complete"));
     end.report = gatherer_.CheckDone(now);
     return end;
+  }
+  if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    return CompletePartialSum(header, model, now);
   }
   absl::Status added =
       model.ok() ? aggregator_->Add(**model,

@@ -52,6 +52,11 @@ struct RoundCounters {
   void CopyTo(v1::SiteCounters* counters) const;
 };
 
+// A partial sum's header (chain reduction) holds together: contributors
+// named once each, positive sample counts adding up to `sample_count`, a
+// usable `partial_scale`. InvalidArgument naming the field otherwise.
+absl::Status CheckPartialSumHeader(const v1::ModelHeader& header);
+
 class AggregationRound {
  public:
   // Opens the round of `learn_task` (this site is its aggregator) over
@@ -78,6 +83,14 @@ class AggregationRound {
   Permission RequestToSubmit(absl::string_view trainer, uint32_t round,
                              absl::Time now);
 
+  // Chain reduction: may `trainer` join a chain (Gatherer::CanJoinChain)?
+  bool CanJoinChain(absl::string_view trainer, uint32_t round, absl::Time now) {
+    return gatherer_.CanJoinChain(trainer, round, now);
+  }
+  std::vector<std::string> IdleTrainers() const {
+    return gatherer_.IdleTrainers();
+  }
+
   struct ResultStart {
     // Not OK: the result is refused (INVALID_ARGUMENT for a protocol error,
     // FAILED_PRECONDITION for a closed round or a duplicate).
@@ -90,6 +103,11 @@ class AggregationRound {
     std::unique_ptr<TensorSink> sink;
     RoundReport report;
   };
+  //
+  // A MODEL_KIND_PARTIAL_SUM (chain reduction) counts as one result of each
+  // of its contributors, all or none: each must be an expected trainer whose
+  // result is not in and not on its way (no permission needed), and the
+  // contributions' sample counts must add up to the header's.
   ResultStart BeginResult(const v1::ModelHeader& header, absl::Time now);
 
   struct ResultEnd {
@@ -140,6 +158,12 @@ class AggregationRound {
   RoundCounters counters() const;
 
  private:
+  ResultStart BeginPartialSum(const v1::ModelHeader& header, absl::Time now);
+  ResultEnd CompletePartialSum(
+      const v1::ModelHeader& header,
+      const absl::StatusOr<std::shared_ptr<const Model>>& model,
+      absl::Time now);
+
   AggregationRound(GathererOptions options, MetricComparator comparator,
                    std::shared_ptr<const Model> base,
                    std::unique_ptr<Aggregator> aggregator);

@@ -1,6 +1,7 @@
 #include "controller/fake_network.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -242,7 +243,8 @@ void FakeNetwork::SendRelayed(const std::string& from, const v1::SiteInfo& to,
 
 void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,
                        PeerMessage message, PeerTransport::Done done) {
-  if (message.is_model_stream() && message.header.relay_to_size() > 0) {
+  if (message.is_model_stream() && message.header.relay_to_size() > 0 &&
+      message.header.kind() == v1::MODEL_KIND_LEARN_TASK) {
     return SendRelayed(from, to, std::move(message), std::move(done));
   }
   auto call = std::make_shared<Call>();
@@ -396,34 +398,69 @@ void FakeNetwork::DeliverStream(
     peer.reply = std::move(reply);
     answered(std::move(peer));
   };
+  // A partial sum passing through (chain reduction): the sum the site's
+  // sink puts out is collected, then sent on as the next hop's stream
+  // (store and forward; the gRPC service forwards each chunk at once).
+  std::shared_ptr<MemorySink> onward;
+  if (const ModelAdmission::ChainHop* hop = receiver->chain_hop()) {
+    onward = std::make_shared<MemorySink>();
+    absl::Status began = onward->Begin(hop->onward, hop->own->specs());
+    receiver->set_emit([onward, began](uint32_t index, uint64_t offset,
+                                       absl::string_view data) {
+      if (!began.ok()) return began;
+      absl::StatusOr<char*> dst =
+          onward->WritableRange(index, offset, data.size());
+      if (!dst.ok()) return dst.status();
+      std::memcpy(*dst, data.data(), data.size());
+      return onward->CommitRange(index, offset, data.size());
+    });
+  }
   // The body, after its transfer time.
-  At(Now() + call->transfer,
-     [this, call, chunker, receiver, answered, finished] {
-       Assembler* assembler = receiver->assembler();
-       if (!Reachable(call->record)) {
-         // The connection broke mid-stream: the target's read fails.
-         const absl::Status broken =
-             Unavailable(call->record, "connection lost mid-stream");
-         if (assembler != nullptr) assembler->Abort(broken);
-         receiver->Finish(broken, [](v1::Reply) {});
-         return answered(broken);
-       }
-       absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
-       if (assembler != nullptr) {
-         absl::Status fed;
-         while (fed.ok()) {
-           std::optional<ChunkRef> chunk = chunker->NextChunk();
-           if (!chunk.has_value()) {
-             fed = assembler->OnTrailer(chunker->Trailer());
-             break;
-           }
-           fed = assembler->OnChunk(chunk->tensor_index, chunk->offset,
-                                    chunk->data);
-         }
-         body = assembler->Finish();
-       }
-       receiver->Finish(std::move(body), finished);
-     });
+  At(Now() + call->transfer, [this, call, chunker, receiver, answered, finished,
+                              onward] {
+    Assembler* assembler = receiver->assembler();
+    if (!Reachable(call->record)) {
+      // The connection broke mid-stream: the target's read fails.
+      const absl::Status broken =
+          Unavailable(call->record, "connection lost mid-stream");
+      if (assembler != nullptr) assembler->Abort(broken);
+      receiver->Finish(broken, [](v1::Reply) {});
+      return answered(broken);
+    }
+    absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
+    if (assembler != nullptr) {
+      absl::Status fed;
+      while (fed.ok()) {
+        std::optional<ChunkRef> chunk = chunker->NextChunk();
+        if (!chunk.has_value()) {
+          fed = assembler->OnTrailer(chunker->Trailer());
+          break;
+        }
+        fed =
+            assembler->OnChunk(chunk->tensor_index, chunk->offset, chunk->data);
+      }
+      body = assembler->Finish();
+    }
+    const ModelAdmission::ChainHop* hop = receiver->chain_hop();
+    if (hop == nullptr || !body.ok()) {
+      return receiver->Finish(std::move(body), finished);
+    }
+    absl::StatusOr<Model> sum = onward->Finish();
+    if (!sum.ok()) return receiver->Finish(sum.status(), finished);
+    PeerMessage next;
+    next.kind = CallKind::kSubmitResult;
+    next.header = hop->onward;
+    next.model = std::make_shared<const Model>(std::move(*sum));
+    v1::SiteInfo to;
+    to.set_name(hop->next);
+    Send(call->record.to, to, std::move(next),
+         [receiver, finished](absl::StatusOr<PeerReply> reply) {
+           const absl::Status status =
+               reply.ok() ? StatusFromHopReply(reply->reply) : reply.status();
+           receiver->Finish(
+               status.ok() ? absl::StatusOr<Model>(Model()) : status, finished);
+         });
+  });
 }
 
 void FakeNetwork::Answer(std::shared_ptr<Call> call,

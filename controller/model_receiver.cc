@@ -17,6 +17,17 @@ absl::Status ModelReceiver::Begin(const v1::ModelHeader& header,
     return absl::OkStatus();
   }
   sink_ = std::move(admission->sink);
+  if (admission->chain_hop.has_value()) {
+    chain_hop_ = std::move(admission->chain_hop);
+    sink_ = std::make_unique<PartialSumSink>(
+        chain_hop_->own, chain_hop_->own_weight,
+        [this](uint32_t index, uint64_t offset, absl::string_view data) {
+          if (!emit_) {
+            return absl::InternalError("the partial sum has nowhere to go");
+          }
+          return emit_(index, offset, data);
+        });
+  }
   assembler_ =
       std::make_unique<Assembler>(sink_ != nullptr ? sink_.get() : &memory_,
                                   std::move(admission->assembler));
@@ -26,7 +37,7 @@ absl::Status ModelReceiver::Begin(const v1::ModelHeader& header,
 
 absl::StatusOr<Model> ModelReceiver::Checked(absl::StatusOr<Model> model) {
   if (!header_error_.ok()) model = header_error_;
-  if (!model.ok()) {
+  if (!model.ok() && !chain_hop_.has_value()) {  // A hop's site says why.
     SWARM_LOG_WARNING("bad %s stream from %s: %s",
                       v1::ModelKind_Name(header_.kind()), header_.sender(),
                       model.status().message());

@@ -28,6 +28,7 @@
 #include "model/tensor_sink.h"
 #include "proto/swarm.pb.h"
 #include "streaming/assembler.h"
+#include "streaming/partial_sum_sink.h"
 
 namespace swarm {
 
@@ -44,6 +45,16 @@ class ModelReceiver {
   // or assembler() waits for the body.
   absl::Status Begin(const v1::ModelHeader& header,
                      uint64_t header_frame_bytes);
+
+  // A partial sum passing through (chain reduction): where it goes on, or
+  // null. The carrier streams `onward` to `next` with the ranges the sink
+  // hands to the emit set here, then hands the next site's answer to
+  // Finish (OK with an empty model when it took the sum).
+  // REQUIRES for set_emit: before the first body frame.
+  const ModelAdmission::ChainHop* chain_hop() const {
+    return chain_hop_.has_value() ? &*chain_hop_ : nullptr;
+  }
+  void set_emit(PartialSumSink::Emit emit) { emit_ = std::move(emit); }
 
   // The site answered at the header (a failed result, a final model it
   // already stored).
@@ -69,6 +80,8 @@ class ModelReceiver {
   v1::ModelHeader header_;
   std::optional<v1::Reply> early_reply_;
   std::unique_ptr<TensorSink> sink_;
+  std::optional<ModelAdmission::ChainHop> chain_hop_;
+  PartialSumSink::Emit emit_;
   MemorySink memory_;
   std::unique_ptr<Assembler> assembler_;
   absl::Status header_error_;

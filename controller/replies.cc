@@ -37,6 +37,12 @@ absl::Status StatusFromReply(const absl::StatusOr<v1::Reply>& reply) {
       absl::StrCat(v1::Outcome_Name(reply->outcome()), ": ", reply->message()));
 }
 
+absl::Status StatusFromHopReply(const absl::StatusOr<v1::Reply>& reply) {
+  if (!reply.ok()) return reply.status();
+  if (reply->outcome() == v1::OUTCOME_OK) return absl::OkStatus();
+  return absl::FailedPreconditionError(reply->message());
+}
+
 void AddRelayed(const std::string& next, const absl::StatusOr<v1::Reply>& reply,
                 v1::Reply* into) {
   v1::RelayOutcome* hop = into->add_relayed();

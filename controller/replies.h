@@ -26,6 +26,10 @@ v1::Reply ReplyFromStatus(const absl::Status& status);
 // OUTCOME_OK, FAILED_PRECONDITION "<OUTCOME>: <message>" otherwise; a failed
 // call keeps its status.
 absl::Status StatusFromReply(const absl::StatusOr<v1::Reply>& reply);
+// The same for the next hop's answer to a partial sum passed on (chain
+// reduction): a refusal keeps the message as it is, so that a failure
+// passed back along the chain does not grow a prefix per hop.
+absl::Status StatusFromHopReply(const absl::StatusOr<v1::Reply>& reply);
 
 // A forwarded stream (ModelHeader.relay_to): appends to `into` how site
 // `next` answered the forward (`reply`: its reply, or why the call to it

@@ -512,8 +512,12 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     admission.header_only = true;
     admission.reply_message = std::move(admitted->message);
     answer = std::move(admission);
-  } else if (header.kind() == v1::MODEL_KIND_RESULT) {
+  } else if (header.kind() == v1::MODEL_KIND_RESULT ||
+             (header.kind() == v1::MODEL_KIND_PARTIAL_SUM &&
+              header.relay_to().empty())) {
     answer = AdmitResult(header, now_);
+  } else if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    answer = AdmitPartialHop(header);
   } else if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.body_held()) {
     answer = AcceptHeldTask(header);
   } else {
@@ -554,6 +558,11 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
       return Reply(e.request, AcceptLearnTask(header, *e.model));
     case v1::MODEL_KIND_RESULT:
       return Reply(e.request, OnResult(header, e.model));
+    case v1::MODEL_KIND_PARTIAL_SUM:
+      if (header.relay_to().empty()) {
+        return Reply(e.request, OnResult(header, e.model));
+      }
+      return Reply(e.request, OnPartialPassedOn(header, e.model.status()));
     case v1::MODEL_KIND_BEST:
     case v1::MODEL_KIND_LAST: {
       if (!e.model.ok())
@@ -654,6 +663,8 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
       return OnPermissionReply(call, e);
     case Call::Purpose::kSubmit:
       return OnSubmitDone(call, e);
+    case Call::Purpose::kChainSubmit:
+      return OnChainSubmitDone(call, e);
     case Call::Purpose::kHandoff:
       return OnHandoffDone(call, e);
     case Call::Purpose::kFinal:
@@ -683,6 +694,11 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
     }
     case Timer::Purpose::kHeldPermission: {
       auto held = held_.find(timer.request);
+      if (held == held_.end()) return;
+      // A request waiting for a chain: the chain starts with those that
+      // asked (this one is answered with them).
+      MaybeLaunchChain(held->second.ask.round(), /*now_or_never=*/true);
+      held = held_.find(timer.request);
       if (held == held_.end()) return;
       v1::SubmitPermissionReply reply = DecidePermission(held->second.ask);
       // Held as long as allowed: the trainer asks again at once.

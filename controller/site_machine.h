@@ -65,6 +65,18 @@ struct ModelAdmission {
   // this site already stored. The reply is OK with `reply_message`.
   bool header_only = false;
   std::string reply_message = "failure noted";
+  // Set for a partial sum passing through this site (chain reduction): the
+  // body goes through a PartialSumSink that adds `own` weighted by
+  // `own_weight` to every chunk, and the output is streamed to `next` with
+  // header `onward` as it comes. The body event's model is then OK (empty)
+  // when `next` accepted the onward stream, else why not.
+  struct ChainHop {
+    std::shared_ptr<const Model> own;
+    double own_weight = 0;
+    v1::ModelHeader onward;
+    std::string next;
+  };
+  std::optional<ChainHop> chain_hop;
 };
 
 // ---------------------------------------------------------------------------
@@ -331,6 +343,9 @@ class SiteMachine {
       // The newer round's task to a trainer that handed over a round this
       // site is past (its scatter was lost with its aggregator).
       kCatchUp,
+      // Chain reduction: the chain's first trainer streams its result to
+      // the second (the answer comes once the aggregator took the sum).
+      kChainSubmit,
     };
     Purpose purpose = Purpose::kTaskToTrainer;
     std::string target;
@@ -399,6 +414,9 @@ class SiteMachine {
     bool handoff = false;
     absl::Time opened;
     std::map<std::string, absl::Time> heard;
+    // Chain reduction: trainers put into a chain whose partial sum has not
+    // come yet (they are not asked to join another).
+    std::set<std::string> chained;
   };
   void Heard(uint32_t round, const std::string& trainer, absl::Time when);
   // This site's training for one round, from the learn task to submission.
@@ -424,6 +442,16 @@ class SiteMachine {
     absl::Time lacking_since = absl::InfiniteFuture();
     bool handing_off = false;
     TimerId ask_timer = 0;  // The one kAskAgain timer that counts.
+    // Chain reduction (JobConfig.reduce_results_in_chain): this site's part
+    // in a chain. kHead: it streams its result to the next trainer;
+    // kMember: a partial sum is to pass through it until `chain_until`;
+    // kContributing: one is passing through now.
+    enum class InChain { kNo, kHead, kMember, kContributing };
+    InChain chain = InChain::kNo;
+    absl::Time chain_until = absl::InfiniteFuture();
+    // Asks for an ordinary slot (a chain did not carry its result).
+    bool direct = false;
+    bool uploading = false;  // A direct upload is under way.
   };
   struct Held {
     v1::SubmitPermissionRequest ask;
@@ -561,6 +589,24 @@ class SiteMachine {
   void AddChain(v1::SubmitPermissionRequest* ask) const;
   void OnPermissionReply(const Call& call, const event::CallDone& e);
   void OnSubmitDone(const Call& call, const event::CallDone& e);
+  // Whether this site's asks are liveness probes (training, submitted, or
+  // its result is with a reduction chain).
+  bool Probing(const Training& task) const;
+  // Chain reduction, trainer side (site_machine_chain.cc).
+  void StartChain(const v1::SubmitPermissionReply& reply);
+  void OnChainSubmitDone(const Call& call, const event::CallDone& e);
+  absl::StatusOr<ModelAdmission> AdmitPartialHop(const v1::ModelHeader& header);
+  v1::Reply OnPartialPassedOn(const v1::ModelHeader& header,
+                              const absl::Status& status);
+  // The chain did not carry this site's result: ask for a slot of its own.
+  void LeaveChain(const std::string& what, const absl::Status& why);
+  // Chain reduction, aggregator side: whether `ask` waits for a chain.
+  bool ChainAsk(const v1::SubmitPermissionRequest& ask,
+                AggregationRound& target);
+  // Answers the held requests of `round` that wait for a chain together
+  // with one, once every idle trainer asks (or, with `now_or_never`, with
+  // those that do).
+  void MaybeLaunchChain(uint32_t round, bool now_or_never);
 
   // Aggregator role (site_machine_aggregator.cc).
   void OpenRound(const v1::ModelHeader& header,

@@ -356,7 +356,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
     if (start.header_only) {
       admission.header_only = true;
     } else {
-      admission.assembler = AssemblerFor(v1::MODEL_KIND_RESULT);
+      admission.assembler = AssemblerFor(header.kind());
       admission.assembler.expected_specs = target->base().specs();
       admission.sink = std::move(start.sink);
     }
@@ -459,6 +459,16 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
     Heard(round, ask.sender(), now_);
     return reply;
   }
+  gathering_[round].chained.erase(ask.sender());  // It asks on its own.
+  if (ChainAsk(ask, *target)) {
+    // Held with the others until the chain starts (MaybeLaunchChain).
+    reply.set_outcome(v1::OUTCOME_RETRY);
+    reply.set_message(absl::StrCat("round ", round, ": ", ask.sender(),
+                                   " waits for a reduction chain"));
+    reply.set_retry_after_ms(retry_ms);
+    Heard(round, ask.sender(), now_);
+    return reply;
+  }
   const AggregationRound::Permission permission =
       target->RequestToSubmit(ask.sender(), ask.round(), now_);
   const PermissionDecision& decision = permission.decision;
@@ -474,6 +484,8 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
 }
 
 void SiteMachine::OnPermissionAsked(event::PermissionAsked& e) {
+  // A request that cannot be held cannot wait for a reduction chain.
+  if (e.hold_until <= now_) e.ask.set_direct(true);
   v1::SubmitPermissionReply reply = DecidePermission(e.ask);
   if (reply.outcome() == v1::OUTCOME_RETRY && e.hold_until > now_ &&
       !e.ask.probe()) {
@@ -484,6 +496,7 @@ void SiteMachine::OnPermissionAsked(event::PermissionAsked& e) {
     timer.purpose = Timer::Purpose::kHeldPermission;
     timer.request = e.request;
     SetTimer(e.hold_until, timer);
+    MaybeLaunchChain(e.ask.round(), /*now_or_never=*/false);
     return;
   }
   out_.push_back(effect::Reply{e.request, std::move(reply)});
@@ -504,6 +517,10 @@ void SiteMachine::AnswerHeldRequests() {
     out_.push_back(effect::Reply{it->first, std::move(reply)});
     it = held_.erase(it);
   }
+  // A trainer dropped or a result in: the chain may not wait any longer.
+  std::vector<uint32_t> rounds;
+  for (const auto& [round, gathered] : rounds_) rounds.push_back(round);
+  for (uint32_t round : rounds) MaybeLaunchChain(round, false);
 }
 
 }  // namespace swarm

@@ -11,6 +11,7 @@
 #include "controller/replies.h"
 #include "controller/retry_policy.h"
 #include "controller/site_machine.h"
+#include "streaming/partial_sum_sink.h"
 
 namespace swarm {
 
@@ -661,7 +662,12 @@ void SiteMachine::AskToSubmit() {
   if (!training_.has_value() || !Active() || training_->handing_off) return;
   Training& task = *training_;
   task.ask_timer = 0;
-  const bool probe = !task.trained || task.submitted;
+  if (task.chain == Training::InChain::kMember && now_ >= task.chain_until) {
+    return LeaveChain(
+        "no partial sum came through this site",
+        absl::DeadlineExceededError("the reduction chain's wait ran out"));
+  }
+  const bool probe = Probing(task);
   if (probe && task.aggregator == options_.site) return;
   PeerMessage message;
   message.kind = CallKind::kRequestToSubmit;
@@ -669,6 +675,10 @@ void SiteMachine::AskToSubmit() {
   message.permission.set_sender(options_.site);
   message.permission.set_round(task.round);
   message.permission.set_probe(probe);
+  // A result that cannot travel in a partial sum asks for a slot at once.
+  message.permission.set_direct(
+      task.direct || task.result == nullptr || task.result_header.failed() ||
+      !CheckPartialSumLayout(task.result->specs()).ok());
   AddChain(&message.permission);
   message.timeout = job_->request_to_submit_message_timeout();
   Call call;
@@ -731,6 +741,11 @@ void SiteMachine::FailOver(const std::string& reason) {
   task.failures = 0;
   task.failing_since = absl::InfiniteFuture();
   task.lacking_since = absl::InfiniteFuture();
+  // A chain to the aggregator given up on is over (its answer is ignored).
+  task.chain = Training::InChain::kNo;
+  task.chain_until = absl::InfiniteFuture();
+  task.direct = false;
+  task.uploading = false;
   if (backup != options_.site) {
     record_.round_aggregator = backup;
     record_.attempt = next;
@@ -792,7 +807,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
   Training& task = *training_;
   // A reply to a probe while this site now asks for a slot (or the other
   // way round) belongs to a chain of calls that has ended.
-  if (call.probe != (!task.trained || task.submitted)) return;
+  if (call.probe != Probing(task)) return;
   if (!e.reply.ok()) {
     ReportError(absl::StrCat("round ", task.round, ": ",
                              call.probe ? "probing " : "asking ",
@@ -820,8 +835,21 @@ void SiteMachine::OnPermissionReply(const Call& call,
     // outcome is on its way). Look again later.
     return ScheduleAsk(job_->failover_timeout() / 2);
   }
+  if (reply.outcome() == v1::OUTCOME_OK && reply.reduce_to_size() > 0) {
+    return StartChain(reply);
+  }
+  if (reply.outcome() == v1::OUTCOME_OK && reply.reduce_member()) {
+    // The result is collected by the partial sum passing through here;
+    // the aggregator is probed meanwhile.
+    task.chain = Training::InChain::kMember;
+    const absl::Duration wait = absl::Milliseconds(reply.reduce_wait_ms());
+    task.chain_until = now_ + wait;
+    SetState(v1::SITE_STATE_SUBMITTING);
+    return ScheduleAsk(std::min(wait, job_->failover_timeout() / 2));
+  }
   if (reply.outcome() == v1::OUTCOME_OK) {
     SetState(v1::SITE_STATE_SUBMITTING);
+    task.uploading = true;
     PeerMessage message;
     message.kind = CallKind::kSubmitResult;
     message.header = task.result_header;
@@ -861,6 +889,7 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
     return;
   }
   Training& task = *training_;
+  task.uploading = false;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
     SWARM_LOG_INFO("round %d: result submitted to %s", call.round, call.target);

@@ -70,9 +70,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/swarm.pb.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
+#include "proto/swarm.pb.h"
 
 namespace swarm {
 
@@ -163,6 +163,22 @@ class Aggregator {
   // reads it once, now. The file is never modified or removed.
   virtual absl::Status AddFile(const std::string& path, int64_t sample_count,
                                v1::PayloadKind kind) = 0;
+
+  // One trainer's share of a partial sum (chain reduction).
+  struct PartialTerm {
+    int64_t sample_count = 0;
+    v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+  };
+  // Chain reduction: folds in a partial sum whose values are `scale` times
+  // sum_i(terms[i].sample_count * result_i), as if each result had been
+  // added on its own (up to the F32 rounding of the sum on its way). FedAvg
+  // only (Unimplemented otherwise); F32 tensors only. On any error the
+  // aggregate is unchanged.
+  virtual absl::Status AddPartialSum(const Model& sum, double scale,
+                                     const std::vector<PartialTerm>& terms) {
+    return absl::UnimplementedError(
+        "only FedAvg adds partial sums (chain reduction)");
+  }
 
   // A sink for one incoming result stream. It refuses a tensor table that
   // differs from the base at Begin, and NaN / Inf values as each chunk is

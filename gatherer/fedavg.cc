@@ -185,6 +185,64 @@ class FedAvgAggregator final : public Aggregator {
     return absl::OkStatus();
   }
 
+  absl::Status AddPartialSum(const Model& sum, double scale,
+                             const std::vector<PartialTerm>& terms) override {
+    if (finished_) return absl::FailedPreconditionError("already finished");
+    if (terms.empty()) {
+      return absl::InvalidArgumentError("a partial sum of no results");
+    }
+    if (!(scale > 0) || !std::isfinite(scale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partial_scale ", scale, " is not a positive number"));
+    }
+    int64_t samples = 0;
+    for (const PartialTerm& term : terms) {
+      SWARM_RETURN_IF_ERROR(CheckCountAndKind(term.sample_count, term.kind));
+      if (term.sample_count >
+          std::numeric_limits<int64_t>::max() - total_samples_ - samples) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample count ", term.sample_count,
+                         " overflows the round's total"));
+      }
+      samples += term.sample_count;
+    }
+    SWARM_RETURN_IF_ERROR(CheckTable(shared_->base->specs(), sum.specs()));
+    for (const TensorSpec& spec : sum.specs()) {
+      if (spec.dtype != v1::DTYPE_F32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", spec.name, " is ", v1::DType_Name(spec.dtype),
+            ": a partial sum carries F32 tensors only"));
+      }
+    }
+    const VerifiedStorage* verified = VerifiedBy(sum, shared_.get());
+    if (!shared_->options.allow_non_finite &&
+        (verified == nullptr || !verified->values_checked())) {
+      SWARM_RETURN_IF_ERROR(CheckFinite(sum, shared_->num_threads));
+    }
+    SWARM_RETURN_IF_ERROR(Allocate());
+    // Valid: from here on nothing fails.
+    const bool first = num_added_ == 0;
+    if (first) {
+      weight_exponent_ =
+          std::ilogb(static_cast<double>(terms.front().sample_count));
+    }
+    // The weights each term would have had on its own (Add), so the mean's
+    // denominator is the star's; the data is scaled by a power of two.
+    Accumulate(sum, static_cast<float>(std::ldexp(scale, -weight_exponent_)),
+               first);
+    for (const PartialTerm& term : terms) {
+      const float weight = static_cast<float>(std::ldexp(
+          static_cast<double>(term.sample_count), -weight_exponent_));
+      ++num_added_;
+      total_samples_ += term.sample_count;
+      weight_sum_ += weight;
+      if (term.kind == v1::PAYLOAD_KIND_WEIGHT_DIFF) {
+        diff_weight_sum_ += weight;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status AddFile(const std::string& path, int64_t sample_count,
                        v1::PayloadKind kind) override {
     if (finished_) return absl::FailedPreconditionError("already finished");

@@ -279,8 +279,27 @@ PermissionDecision Gatherer::RequestToSubmit(absl::string_view trainer,
                     absl::StrCat("permission granted to ", trainer, late_note));
 }
 
+bool Gatherer::CanJoinChain(absl::string_view trainer, uint32_t round,
+                            absl::Time now) {
+  Evaluate(now);
+  const TrainerState* state = FindActive(trainer);
+  return round == round_ && state != nullptr && !report_.done &&
+         !HasResult(*state, round, round_) && state->slot == Slot::kNone;
+}
+
+std::vector<std::string> Gatherer::IdleTrainers() const {
+  std::vector<std::string> idle;
+  if (report_.done) return idle;
+  for (const auto& [name, state] : trainers_) {
+    if (!state.dropped && !state.responded && state.slot == Slot::kNone) {
+      idle.push_back(name);
+    }
+  }
+  return idle;
+}
+
 ResultDecision Gatherer::BeginResult(absl::string_view trainer, uint32_t round,
-                                     absl::Time now) {
+                                     absl::Time now, bool permission_needed) {
   Evaluate(now);
   if (round > round_) {
     ++counters_.rejected;
@@ -311,7 +330,7 @@ ResultDecision Gatherer::BeginResult(absl::string_view trainer, uint32_t round,
                         "not counted twice",
                         trainer, round));
   }
-  if (state->slot == Slot::kNone) {
+  if (state->slot == Slot::kNone && permission_needed) {
     ++counters_.rejected;
     return Result(ResultCode::kError,
                   absl::StrFormat("%s holds no submission permission (never "
@@ -324,6 +343,11 @@ ResultDecision Gatherer::BeginResult(absl::string_view trainer, uint32_t round,
         ResultCode::kError,
         absl::StrFormat("an upload from %s for round %d is already in progress",
                         trainer, state->upload_round));
+  }
+  if (state->slot == Slot::kNone) {  // A partial sum's contributor.
+    ++counters_.in_flight;
+    counters_.max_in_flight =
+        std::max(counters_.max_in_flight, counters_.in_flight);
   }
   state->slot = Slot::kUploading;
   state->upload_round = round;

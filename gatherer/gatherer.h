@@ -221,8 +221,20 @@ class Gatherer {
   // this trainer already in progress (kError). Otherwise the slot becomes an
   // upload in progress: kAccepted for this round, kLate for an earlier one
   // (logged as a warning).
+  //
+  // `permission_needed` false: a contributor to a partial sum (chain
+  // reduction), whose result comes without a slot of its own; it takes one
+  // for the upload, whatever max_concurrent_submissions says.
   ResultDecision BeginResult(absl::string_view trainer, uint32_t round,
-                             absl::Time now);
+                             absl::Time now, bool permission_needed = true);
+
+  // Chain reduction: may `trainer` be put into a chain for `round`? True
+  // when it is an expected trainer of this open round (not late), its result
+  // is not in and it holds no slot. Takes nothing.
+  bool CanJoinChain(absl::string_view trainer, uint32_t round, absl::Time now);
+  // Expected trainers (not dropped) of this open round whose result is not
+  // in and who hold no slot, sorted. Empty once closed.
+  std::vector<std::string> IdleTrainers() const;
 
   // The aggregator fully accepted the result whose upload BeginResult()
   // started. Releases the slot. This round's result: counted, with its reply

@@ -76,6 +76,17 @@ void GrpcPeerTransport::PrepareForJob(const v1::JobConfig& job) {
 void GrpcPeerTransport::Send(const v1::SiteInfo& to, PeerMessage message,
                              Done done) {
   if (message.is_model_stream()) {
+    if (message.header.kind() == v1::MODEL_KIND_PARTIAL_SUM &&
+        message.model != nullptr) {
+      // The head of a reduction chain: each hop changes the sum, so it is
+      // not signed; sent like a forward, so that a hop that stops reading
+      // is given up after the stall timeout.
+      runner_->Post([this, to, message = std::move(message),
+                     done = std::move(done)]() mutable {
+        SendChainHead(to, std::move(message), std::move(done));
+      });
+      return;
+    }
     if (message.header.relay_to_size() > 0 && message.model != nullptr) {
       runner_->Post([this, to, message = std::move(message),
                      done = std::move(done)]() mutable {
@@ -198,7 +209,10 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
                               ? message.relay_stall
                               : timeout;
   options.what = absl::StrCat("round ", header.round(),
-                              " learn task broadcast to ", to.name());
+                              header.kind() == v1::MODEL_KIND_PARTIAL_SUM
+                                  ? " partial sum to "
+                                  : " learn task broadcast to ",
+                              to.name());
   const absl::string_view method = CallKindName(message.kind);
   std::shared_ptr<FrameRelay> relay = FrameRelay::Start(
       channels_->Get(to.address()).get(), method, std::move(context),

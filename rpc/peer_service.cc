@@ -16,8 +16,11 @@
 #include "controller/model_receiver.h"
 #include "controller/replies.h"
 #include "rpc/frame_relay.h"
+#include "rpc/grpc_stream.h"
 #include "rpc/stream_watchdog.h"
 #include "security/certificates.h"
+#include "streaming/chunker.h"
+#include "streaming/digest.h"
 
 namespace swarm {
 namespace {
@@ -270,6 +273,7 @@ class PeerService::UploadCall final
 
   void OnReadDone(bool ok) override {
     if (!header_read_) return OnHeader(ok);
+    if (hop_) return OnHopRead(ok);
     if (!ok) {
       if (relay_ != nullptr) relay_->Close();
       return HandToSite(Verified(receiver_.assembler()->Finish()));
@@ -319,6 +323,10 @@ class PeerService::UploadCall final
     std::optional<v1::Reply> own ABSL_GUARDED_BY(mu);
     // The next hop's answers (Reply.relayed only).
     v1::Reply relayed ABSL_GUARDED_BY(mu);
+    // A partial sum passing through: how the incoming stream ended and how
+    // the next hop answered; the site hears of it once both are known.
+    std::optional<absl::Status> hop_incoming ABSL_GUARDED_BY(mu);
+    std::optional<absl::Status> hop_onward ABSL_GUARDED_BY(mu);
   };
 
   void OnHeader(bool ok) {
@@ -368,8 +376,124 @@ class PeerService::UploadCall final
     if (receiver_.assembler() == nullptr) {
       return HandToSite(absl::InvalidArgumentError("bad header"));
     }
-    if (header.relay_to_size() > 0) StartRelay(header);
+    if (receiver_.chain_hop() != nullptr) {
+      if (absl::Status started = StartChainHop(header); !started.ok()) {
+        return HandToSite(started);
+      }
+    } else if (header.relay_to_size() > 0) {
+      StartRelay(header);
+    }
     StartRead(&frame_);
+  }
+
+  // Chain reduction: the site adds its result to the partial sum as it
+  // passes (the receiver's PartialSumSink) and the output goes on to the
+  // next hop at once, one frame per chunk, under the relay's backpressure.
+  absl::Status StartChainHop(const v1::ModelHeader& header) {
+    const ModelAdmission::ChainHop& hop = *receiver_.chain_hop();
+    const std::optional<v1::JobConfig> job = service_->controller_->job();
+    const v1::SiteInfo* site =
+        job.has_value() ? FindSite(*job, hop.next) : nullptr;
+    if (service_->options_.forward_channels == nullptr || site == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot pass the partial sum on to ", hop.next, ": ",
+                       site == nullptr ? "not a site of the job"
+                                       : "this site does not forward"));
+    }
+    absl::StatusOr<std::unique_ptr<StreamDigest>> digest =
+        StreamDigest::Create(hop.onward.digest_algorithm());
+    if (!digest.ok()) return digest.status();
+    hop_digest_ = std::move(*digest);
+    hop_ = true;
+    receiver_.set_emit(
+        [this](uint32_t index, uint64_t offset, absl::string_view data) {
+          hop_digest_->AddChunk(index, offset, data);
+          ++hop_chunks_;
+          auto bytes = std::make_shared<const std::string>(data);
+          ChunkRef chunk;
+          chunk.tensor_index = index;
+          chunk.offset = offset;
+          chunk.data = *bytes;
+          hop_pending_.push_back(EncodeChunkFrame(chunk, bytes));
+          return absl::OkStatus();
+        });
+    auto context = std::make_unique<grpc::ClientContext>();
+    absl::Time deadline = CallDeadline(context_);
+    deadline = deadline == absl::InfiniteFuture()
+                   ? absl::Now() + StreamDeadline(header.total_bytes())
+                   : deadline - kRelayMargin;
+    context->set_deadline(absl::ToChronoTime(deadline));
+    FrameRelay::Options options;
+    // As for a broadcast (StartRelay): the hop nearest a frozen site gives
+    // it up first.
+    options.stall_timeout =
+        std::max(absl::Seconds(1),
+                 absl::Milliseconds(job->failover_timeout_ms())) *
+        static_cast<int64_t>(hop.onward.relay_to_size() + 1);
+    options.what =
+        absl::StrCat("round ", header.round(), " partial sum to ", hop.next);
+    std::shared_ptr<Shared> shared = shared_;
+    relay_ = FrameRelay::Start(
+        service_->options_.forward_channels->Get(site->address()).get(),
+        "SubmitResult", std::move(context), EncodeHeaderFrame(hop.onward),
+        std::move(options), service_->watchdog_.get(),
+        [this] { StartRead(&frame_); },
+        [shared](absl::StatusOr<v1::Reply> reply) {
+          HopDone(shared, std::nullopt, StatusFromHopReply(reply));
+        });
+    return absl::OkStatus();
+  }
+
+  void OnHopRead(bool ok) {
+    if (!ok) {
+      absl::StatusOr<Model> sum = receiver_.assembler()->Finish();
+      if (sum.ok()) {
+        v1::ModelTrailer trailer;
+        trailer.set_digest(hop_digest_->Finish());
+        trailer.set_chunk_count(hop_chunks_);
+        relay_->Push(EncodeTrailerFrame(trailer));
+        relay_->Close();
+      } else {
+        relay_->Cancel();
+      }
+      return HopDone(shared_, sum.status(), std::nullopt);
+    }
+    if (absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
+        !fed.ok()) {
+      relay_->Cancel();
+      hop_pending_.clear();
+      return HopDone(shared_, fed, std::nullopt);
+    }
+    bool full = false;
+    for (const grpc::ByteBuffer& frame : hop_pending_) {
+      full = relay_->Push(frame) == FrameRelay::kFull || full;
+    }
+    hop_pending_.clear();
+    if (full) return;  // The relay's on_room reads on.
+    StartRead(&frame_);
+  }
+
+  // One half of a hop's end: the site hears of both at once (the incoming
+  // stream's failure first, else the next hop's answer).
+  static void HopDone(const std::shared_ptr<Shared>& shared,
+                      std::optional<absl::Status> incoming,
+                      std::optional<absl::Status> onward) {
+    UploadCall* call = nullptr;
+    absl::Status outcome;
+    {
+      absl::MutexLock lock(&shared->mu);
+      if (incoming.has_value()) shared->hop_incoming = std::move(incoming);
+      if (onward.has_value()) shared->hop_onward = std::move(onward);
+      if (!shared->hop_incoming.has_value() ||
+          !shared->hop_onward.has_value() || shared->call == nullptr) {
+        return;
+      }
+      call = shared->call;
+      outcome = !shared->hop_incoming->ok() ? *shared->hop_incoming
+                                            : *shared->hop_onward;
+    }
+    // The call is not finished before the site answers: it is alive.
+    call->HandToSite(outcome.ok() ? absl::StatusOr<Model>(Model()) : outcome);
   }
 
   // A learn task whose sender is not the caller's certificate is accepted
@@ -428,8 +552,9 @@ class PeerService::UploadCall final
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("relay_to: ", why));
     };
-    if (header.kind() != v1::MODEL_KIND_LEARN_TASK) {
-      return bad("only a learn task is forwarded");
+    if (header.kind() != v1::MODEL_KIND_LEARN_TASK &&
+        header.kind() != v1::MODEL_KIND_PARTIAL_SUM) {
+      return bad("only a learn task or a partial sum is forwarded");
     }
     const std::optional<v1::JobConfig> job = service_->controller_->job();
     if (!job.has_value()) return bad("this site has no job");
@@ -588,6 +713,12 @@ class PeerService::UploadCall final
   std::string forwarded_by_;
   // Forwarding to the next hop, if the header asks for it.
   std::shared_ptr<FrameRelay> relay_;
+  // A partial sum passing through (StartChainHop): the output's digest and
+  // frames not yet pushed.
+  bool hop_ = false;
+  std::unique_ptr<StreamDigest> hop_digest_;
+  uint64_t hop_chunks_ = 0;
+  std::vector<grpc::ByteBuffer> hop_pending_;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(
