@@ -8,7 +8,7 @@
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
 //               [--model-size 1KiB] [--link-mbit N]
-//               [--variant star[,broadcast]]
+//               [--variant star[,broadcast][,chain][,broadcast+chain]]
 //               [--tensors 2304MiB,512MiB,256MiB] [--offload]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
@@ -139,8 +139,7 @@ constexpr char kJobId[] = "round-bench";
 constexpr char kAdmin[] = "round-bench";
 
 // How a round moves models: the job-config fields a variant sets on top of
-// the bench's job. Chain reduction of the results adds a row here once its
-// job option exists.
+// the bench's job.
 struct RoundVariant {
   const char* name;
   const char* what;
@@ -155,6 +154,18 @@ constexpr RoundVariant kVariants[] = {
      "the learn task flows along the trainers, each forwarding it to the "
      "next as it arrives (broadcast_learn_tasks); results as in the star",
      [](v1::JobConfig* job) { job->set_broadcast_learn_tasks(true); }},
+    {"chain",
+     "learn tasks as in the star; the results reach the aggregator as one "
+     "partial sum passed from trainer to trainer, each adding its own "
+     "(reduce_results_in_chain)",
+     [](v1::JobConfig* job) { job->set_reduce_results_in_chain(true); }},
+    {"broadcast+chain",
+     "the learn task broadcast along the trainers and the results reduced "
+     "along a chain: about one model out of and one into the aggregator",
+     [](v1::JobConfig* job) {
+       job->set_broadcast_learn_tasks(true);
+       job->set_reduce_results_in_chain(true);
+     }},
 };
 
 const RoundVariant* FindVariant(absl::string_view name) {

@@ -66,6 +66,9 @@ struct JobSpec {
   // broadcast_learn_tasks: each round's learn task goes along the trainers,
   // forwarded and checked against the scatterer's signature at each.
   bool broadcast = false;
+  // reduce_results_in_chain: the results reach each round's aggregator as
+  // one partial sum passed from trainer to trainer.
+  bool chain = false;
 };
 
 bool ExactInFloat(double value) {
@@ -154,6 +157,7 @@ class JobTest : public ::testing::Test {
     job.set_keep_round_models(true);
     if (spec.lean_memory) job.set_lean_memory_min_model_bytes(0);
     if (spec.broadcast) job.set_broadcast_learn_tasks(true);
+    if (spec.chain) job.set_reduce_results_in_chain(true);
     const std::string job_path = swarm.WriteJob(job);
     absl::StatusOr<v1::JobConfig> loaded = LoadJobConfig(job_path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -281,16 +285,23 @@ class JobTest : public ::testing::Test {
       EXPECT_EQ(status.role().trainer(), site.trainer);
       const v1::SiteCounters& counters = status.counters();
       const uint64_t rounds_aggregated = aggregated[site.name].size();
-      EXPECT_LE(counters.max_submissions_in_flight(), 1u)
-          << "max_concurrent_submissions=1 was exceeded";
+      const uint64_t trainers = static_cast<uint64_t>(loaded->trainers_size());
       EXPECT_EQ(counters.submissions_in_flight(), 0u);
       EXPECT_EQ(counters.rounds_completed(), rounds_aggregated);
       EXPECT_EQ(counters.results_rejected(), 0u);
-      const uint64_t trainers = static_cast<uint64_t>(loaded->trainers_size());
       EXPECT_EQ(counters.results_accepted(), rounds_aggregated * trainers);
-      EXPECT_EQ(counters.submissions_granted(), rounds_aggregated * trainers);
-      if (rounds_aggregated > 0) {
-        EXPECT_EQ(counters.max_submissions_in_flight(), 1u);
+      if (spec.chain) {
+        // A chain bypasses the slots: the aggregator's own result takes
+        // one, the partial sum's upload one per contributor.
+        EXPECT_EQ(counters.submissions_granted(), rounds_aggregated);
+      } else {
+        EXPECT_LE(counters.max_submissions_in_flight(), 1u)
+            << "max_concurrent_submissions=1 was exceeded";
+        EXPECT_EQ(counters.submissions_granted(),
+                  rounds_aggregated * trainers);
+        if (rounds_aggregated > 0) {
+          EXPECT_EQ(counters.max_submissions_in_flight(), 1u);
+        }
       }
       EXPECT_EQ(counters.rounds_trained(), site.trainer ? kRounds : 0u);
       persist::Workspace workspace(swarm.site(site.name).workspace);
@@ -394,6 +405,25 @@ class JobTest : public ::testing::Test {
       }
       EXPECT_EQ(broadcasts, static_cast<int>(kRounds));
     }
+    if (spec.chain) {
+      // Every round's results came as a chain's partial sum, and no chain
+      // broke into direct submissions.
+      int chains = 0;
+      int passed_on = 0;
+      for (const SiteSpec& site : spec.sites) {
+        absl::StatusOr<std::string> log =
+            ReadBytes(swarm.site(site.name).log_path);
+        ASSERT_TRUE(log.ok()) << log.status();
+        for (absl::string_view line : absl::StrSplit(*log, '\n')) {
+          if (absl::StrContains(line, ": reduction chain ")) ++chains;
+          if (absl::StrContains(line, "to the partial sum from")) ++passed_on;
+          EXPECT_FALSE(absl::StrContains(line, "result directly"))
+              << site.name << ": " << line;
+        }
+      }
+      EXPECT_GE(chains, static_cast<int>(kRounds));
+      EXPECT_GE(passed_on, static_cast<int>(kRounds));
+    }
     if (HasFailure()) std::fprintf(stderr, "%s", swarm.Logs(60).c_str());
   }
 };
@@ -428,6 +458,25 @@ TEST_F(JobTest, ThreeSitesLeanMemory) {
       {"site-1", true, true, 0.125, 1, 0.0},
       {"site-2", true, true, 0.25, 1, 0.0625},
       {"site-3", true, true, 0.375, 2, 0.125},
+  };
+  RunJob(spec);
+}
+
+// The same aggregates, bit for bit, with the results reduced along a chain
+// and the learn tasks broadcast: each round, one partial sum of the three
+// other trainers' results into the aggregator, under mTLS.
+TEST_F(JobTest, FourSitesChainReductionAndBroadcast) {
+  JobSpec spec;
+  spec.job_id = "four-sites-chain";
+  spec.seed = 7;
+  spec.metrics = kBestRound2;
+  spec.broadcast = true;
+  spec.chain = true;
+  spec.sites = {
+      {"site-1", true, true, 0.125, 1, 0.0},
+      {"site-2", true, true, 0.25, 1, 0.0625},
+      {"site-3", true, true, 0.375, 2, 0.125},
+      {"site-4", true, true, 0.5, 4, 0.0},
   };
   RunJob(spec);
 }
