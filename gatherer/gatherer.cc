@@ -45,6 +45,8 @@ absl::string_view PermissionCodeName(PermissionCode code) {
       return "not_trainer";
     case PermissionCode::kRoundClosed:
       return "round_closed";
+    case PermissionCode::kInPartialSum:
+      return "in_partial_sum";
     case PermissionCode::kAlreadySubmitted:
       return "already_submitted";
   }
@@ -145,6 +147,7 @@ bool Gatherer::HasResult(const TrainerState& state, uint32_t round,
 void Gatherer::ReleaseSlot(TrainerState& state) {
   if (state.slot == Slot::kNone) return;
   state.slot = Slot::kNone;
+  state.in_partial_sum = false;
   --counters_.in_flight;
 }
 
@@ -257,6 +260,13 @@ PermissionDecision Gatherer::RequestToSubmit(absl::string_view trainer,
       round < round_
           ? absl::StrFormat(" (late: round %d < open round %d)", round, round_)
           : std::string();
+  if (state->slot == Slot::kUploading && state->in_partial_sum) {
+    ++counters_.permission_retries;
+    return Permission(
+        v1::OUTCOME_RETRY, PermissionCode::kInPartialSum,
+        absl::StrCat("the result of ", trainer,
+                     " is arriving in a partial sum; ask again"));
+  }
   if (state->slot != Slot::kNone) {
     if (state->slot == Slot::kGranted) state->granted_at = now;
     return Permission(
@@ -344,6 +354,7 @@ ResultDecision Gatherer::BeginResult(absl::string_view trainer, uint32_t round,
         absl::StrFormat("an upload from %s for round %d is already in progress",
                         trainer, state->upload_round));
   }
+  state->in_partial_sum = !permission_needed;
   if (state->slot == Slot::kNone) {  // A partial sum's contributor.
     ++counters_.in_flight;
     counters_.max_in_flight =

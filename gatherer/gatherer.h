@@ -111,6 +111,7 @@ enum class PermissionCode {
   kGranted,           // OK: a slot was taken.
   kAlreadyHeld,       // OK: this trainer already holds a slot; no second one.
   kSlotsBusy,         // RETRY: max_concurrent_submissions slots are taken.
+  kInPartialSum,      // RETRY: its result is arriving in a partial sum.
   kRoundNotOpen,      // RETRY: a round ahead of this one (a fast trainer).
   kNotTrainer,        // REJECTED: not an expected trainer of this round.
   kRoundClosed,       // REJECTED: this gatherer has closed.
@@ -207,6 +208,8 @@ class Gatherer {
   //   not an expected trainer      REJECTED kNotTrainer (dropped ones too)
   //   this gatherer closed         REJECTED kRoundClosed
   //   result already in            REJECTED kAlreadySubmitted
+  //   its result arrives in a partial sum (chain reduction)
+  //                                RETRY kInPartialSum
   //   trainer holds a slot         OK kAlreadyHeld (renews the lease)
   //   all slots taken              RETRY kSlotsBusy
   //   otherwise                    OK kGranted
@@ -305,6 +308,8 @@ class Gatherer {
     Slot slot = Slot::kNone;
     absl::Time granted_at;      // Lease start, while kGranted.
     uint32_t upload_round = 0;  // While kUploading.
+    // While kUploading: as a partial sum's contributor (chain reduction).
+    bool in_partial_sum = false;
     // This round's result, once counted.
     bool responded = false;
     absl::Time reply_time;

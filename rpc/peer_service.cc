@@ -3,6 +3,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <set>
@@ -437,7 +438,11 @@ class PeerService::UploadCall final
         service_->options_.forward_channels->Get(site->address()).get(),
         "SubmitResult", std::move(context), EncodeHeaderFrame(hop.onward),
         std::move(options), service_->watchdog_.get(),
-        [this] { StartRead(&frame_); },
+        [this] {
+          // Room again: read on, unless the room is the trailer's (the
+          // incoming stream is over).
+          if (!hop_read_done_.load()) StartRead(&frame_);
+        },
         [shared](absl::StatusOr<v1::Reply> reply) {
           HopDone(shared, std::nullopt, StatusFromHopReply(reply));
         });
@@ -446,6 +451,7 @@ class PeerService::UploadCall final
 
   void OnHopRead(bool ok) {
     if (!ok) {
+      hop_read_done_ = true;
       absl::StatusOr<Model> sum = receiver_.assembler()->Finish();
       if (sum.ok()) {
         v1::ModelTrailer trailer;
@@ -716,6 +722,7 @@ class PeerService::UploadCall final
   // A partial sum passing through (StartChainHop): the output's digest and
   // frames not yet pushed.
   bool hop_ = false;
+  std::atomic<bool> hop_read_done_{false};
   std::unique_ptr<StreamDigest> hop_digest_;
   uint64_t hop_chunks_ = 0;
   std::vector<grpc::ByteBuffer> hop_pending_;
