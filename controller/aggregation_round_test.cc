@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/job_config.h"
@@ -245,6 +246,94 @@ TEST_F(AggregationRoundTest, BaseThatDoesNotBeatTheRecordIsNotTheNewBest) {
   EXPECT_FALSE(verdict.base_is_new_best);
   EXPECT_EQ(verdict.best.site(), "t1");
   EXPECT_DOUBLE_EQ(verdict.best.metric(), 0.9);
+}
+
+// Chain reduction: a partial sum of t1 (1 sample) and t2 (3 samples) is
+// both their results: no permission, one body, the round's score from
+// each contributor's metric.
+v1::ModelHeader PartialSum(
+    std::vector<std::tuple<std::string, uint64_t, double>> contributions) {
+  v1::ModelHeader header;
+  header.set_kind(v1::MODEL_KIND_PARTIAL_SUM);
+  header.set_round(kRound);
+  header.set_sender(contributions.empty() ? std::string("t1")
+                                          : std::get<0>(contributions.back()));
+  uint64_t total = 0;
+  for (const auto& [site, samples, metric] : contributions) {
+    v1::Contribution* contribution = header.add_contributions();
+    contribution->set_site(site);
+    contribution->set_sample_count(samples);
+    (*contribution->mutable_metrics())["accuracy"] = metric;
+    total += samples;
+  }
+  header.set_sample_count(total);
+  return header;
+}
+
+TEST_F(AggregationRoundTest, APartialSumCountsAsEachContributorsResult) {
+  Open(/*max_concurrent=*/1);
+  const v1::ModelHeader header = PartialSum({{"t1", 1, 0.5}, {"t2", 3, 0.7}});
+  AggregationRound::ResultStart start = round_->BeginResult(header, kOpen);
+  ASSERT_TRUE(start.refused.ok()) << start.refused;
+  ASSERT_NE(start.sink, nullptr);
+  // 1 * 2.0 + 3 * 6.0, as the chain's hops add them.
+  AggregationRound::ResultEnd end =
+      round_->CompleteResult(header, FilledModel(20.0f), kOpen);
+  EXPECT_EQ(end.reply.outcome(), v1::OUTCOME_OK) << end.reply.message();
+  ASSERT_TRUE(end.report.done);
+  EXPECT_EQ(end.report.reason, DoneReason::kAllResponded);
+  const AggregationRound::Verdict verdict = round_->Judge();
+  EXPECT_EQ(verdict.results, 2u);
+  ASSERT_TRUE(verdict.input_score.has_value());
+  EXPECT_DOUBLE_EQ(*verdict.input_score, (0.5 * 1 + 0.7 * 3) / 4);
+  absl::StatusOr<std::shared_ptr<const Model>> next = round_->Aggregate();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FLOAT_EQ(First(**next), (2.0f * 1 + 6.0f * 3) / 4);
+  EXPECT_EQ(round_->counters().accepted, 2u);
+  EXPECT_EQ(round_->counters().granted, 0u);
+}
+
+TEST_F(AggregationRoundTest, APartialSumThatDoesNotAddUpIsRefusedWhole) {
+  Open(/*max_concurrent=*/1);
+  v1::ModelHeader header = PartialSum({{"t1", 1, 0.5}, {"t2", 3, 0.7}});
+  header.set_sample_count(5);
+  EXPECT_THAT(round_->BeginResult(header, kOpen).refused.message(),
+              HasSubstr("sample_count: 5 is not the sum of the "
+                        "contributions' sample counts (4)"));
+  header = PartialSum({{"t1", 1, 0.5}, {"t1", 3, 0.7}});
+  EXPECT_THAT(round_->BeginResult(header, kOpen).refused.message(),
+              HasSubstr("contributions: t1 is named twice"));
+  header = PartialSum({});
+  EXPECT_THAT(round_->BeginResult(header, kOpen).refused.message(),
+              HasSubstr("a partial sum must name its contributors"));
+  header = PartialSum({{"t1", 1, 0.5}, {"z", 3, 0.7}});
+  EXPECT_THAT(round_->BeginResult(header, kOpen).refused.message(),
+              HasSubstr("the partial sum's contributor z: z is not an "
+                        "expected trainer"));
+  // t1, begun before z was refused, is free again: it submits directly.
+  AggregationRound::ResultEnd direct =
+      Submit(Result("t1", 1, 0.5), FilledModel(2.0f), kOpen);
+  EXPECT_EQ(direct.reply.outcome(), v1::OUTCOME_OK);
+}
+
+TEST_F(AggregationRoundTest, APartialSumOverlappingAnAcceptedResultIsRefused) {
+  Open(/*max_concurrent=*/1);
+  Submit(Result("t1", 1, 0.5), FilledModel(2.0f), kOpen);
+  const v1::ModelHeader header = PartialSum({{"t2", 3, 0.7}, {"t1", 1, 0.5}});
+  AggregationRound::ResultStart start = round_->BeginResult(header, kOpen);
+  EXPECT_EQ(start.refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(start.refused.message(),
+              HasSubstr("the partial sum's contributor t1: the result of t1 "
+                        "for round 2 is already in"));
+  // t2's part was let go: it may still submit, and the aggregate has t1
+  // once.
+  EXPECT_THAT(round_->IdleTrainers(), ::testing::ElementsAre("t2"));
+  AggregationRound::ResultEnd direct =
+      Submit(Result("t2", 3, 0.7), FilledModel(6.0f), kOpen);
+  ASSERT_TRUE(direct.report.done);
+  absl::StatusOr<std::shared_ptr<const Model>> next = round_->Aggregate();
+  ASSERT_TRUE(next.ok());
+  EXPECT_FLOAT_EQ(First(**next), (2.0f * 1 + 6.0f * 3) / 4);
 }
 
 TEST(RoundCountersTest, SumsAndKeepsTheMaximum) {

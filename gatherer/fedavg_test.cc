@@ -14,6 +14,7 @@
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_kernels.h"
 #include "gatherer/aggregator_test_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "persist/test_util.h"
 
@@ -533,6 +534,152 @@ TEST(FedAvgFileTest, AddFileReadsSafetensorsInAnyTensorOrder) {
   EXPECT_TRUE(
       Near(*out, ReferenceFedAvg(*base, inputs), 0.5, std::ldexp(1, -21)));
   EXPECT_EQ(dir.CountFiles(), 3);  // Caller's files are left alone.
+}
+
+// ---------------------------------------------------------------------------
+// Chain reduction: AddPartialSum.
+
+namespace partial {
+
+// The partial sum of `inputs` as a chain's hops make it: the first
+// result as it is with its count as the scale, then at each hop
+// out = scale * in + count * result, rounded to F32 (PartialSumSink).
+Model ChainSum(const std::vector<TensorSpec>& specs,
+               const std::vector<Input>& inputs, double* scale) {
+  Model sum = *Model::Create(specs);
+  for (size_t t = 0; t < specs.size(); ++t) {
+    for (uint64_t i = 0; i < agg_test::Elements(specs[t]); ++i) {
+      double value = agg_test::Get(*inputs[0].model, t, i);
+      double in_scale = static_cast<double>(inputs[0].count);
+      for (size_t k = 1; k < inputs.size(); ++k) {
+        value = static_cast<float>(in_scale * value +
+                                   static_cast<double>(inputs[k].count) *
+                                       agg_test::Get(*inputs[k].model, t, i));
+        in_scale = 1;
+      }
+      agg_test::Set(sum, t, i, value);
+    }
+  }
+  *scale = inputs.size() == 1 ? static_cast<double>(inputs[0].count) : 1;
+  return sum;
+}
+
+std::vector<Aggregator::PartialTerm> Terms(const std::vector<Input>& inputs) {
+  std::vector<Aggregator::PartialTerm> terms;
+  for (const Input& input : inputs) terms.push_back({input.count, input.kind});
+  return terms;
+}
+
+}  // namespace partial
+
+// A partial sum of three results (mixed payload kinds) and one result on
+// its own: the mean of all four, within the partial's F32 rounding (one per
+// hop, relative to the terms' magnitude), counted as four results.
+TEST(FedAvgPartialSumTest, APartialSumCountsAsEachOfItsResults) {
+  const std::vector<TensorSpec> specs = {Spec("w", v1::DTYPE_F32, {1031}),
+                                         Spec("b", v1::DTYPE_F32, {37})};
+  std::shared_ptr<const Model> base = Shared(RandomModel(specs, 1));
+  std::vector<Model> results;
+  for (int r = 0; r < 4; ++r) results.push_back(RandomModel(specs, 60 + r));
+  std::vector<Input> inputs;
+  for (int r = 0; r < 4; ++r) {
+    inputs.push_back({&results[r], 10 + 7 * r,
+                      r == 2 ? v1::PAYLOAD_KIND_WEIGHT_DIFF
+                             : v1::PAYLOAD_KIND_FULL_WEIGHTS});
+  }
+  const std::vector<Input> chained(inputs.begin() + 1, inputs.end());
+  double scale = 0;
+  Model sum = partial::ChainSum(specs, chained, &scale);
+  auto aggregator = Aggregator::Create(AggregatorOptions(), base);
+  ASSERT_TRUE(aggregator.ok());
+  ASSERT_TRUE(
+      (*aggregator)->Add(results[0], inputs[0].count, inputs[0].kind).ok());
+  ASSERT_TRUE(
+      (*aggregator)->AddPartialSum(sum, scale, partial::Terms(chained)).ok());
+  EXPECT_EQ((*aggregator)->num_added(), 4);
+  EXPECT_EQ((*aggregator)->total_samples(), 10 + 17 + 24 + 31);
+  absl::StatusOr<Model> out = (*aggregator)->Finish();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->metadata().at("num_results"), "4");
+  EXPECT_TRUE(
+      Near(*out, ReferenceFedAvg(*base, inputs), 0.5, std::ldexp(1, -21)));
+}
+
+// Values and counts whose products and sums are exact in F32: the partial
+// sum gives the same bits as adding each result, whatever the order.
+TEST(FedAvgPartialSumTest, ExactInputsGiveTheBitsOfAddingEachResult) {
+  const std::vector<TensorSpec> specs = {Spec("w", v1::DTYPE_F32, {257})};
+  std::shared_ptr<const Model> base = Shared(*Model::Create(specs));
+  std::vector<Model> results;
+  for (int r = 0; r < 4; ++r) {
+    Model model = *Model::Create(specs);
+    for (uint64_t i = 0; i < 257; ++i) {
+      agg_test::Set(model, 0, i, static_cast<double>((i * (r + 3)) % 64) / 8);
+    }
+    results.push_back(std::move(model));
+  }
+  std::vector<Input> inputs;
+  for (int r = 0; r < 4; ++r) {
+    inputs.push_back(
+        {&results[r], r % 2 ? 3 : 1, v1::PAYLOAD_KIND_FULL_WEIGHTS});
+  }
+  auto each = Aggregator::Create(AggregatorOptions(), base);
+  for (const Input& input : inputs) {
+    ASSERT_TRUE((*each)->Add(*input.model, input.count, input.kind).ok());
+  }
+  double scale = 0;
+  Model sum = partial::ChainSum(specs, inputs, &scale);
+  auto chained = Aggregator::Create(AggregatorOptions(), base);
+  ASSERT_TRUE(
+      (*chained)->AddPartialSum(sum, scale, partial::Terms(inputs)).ok());
+  absl::StatusOr<Model> a = (*each)->Finish();
+  absl::StatusOr<Model> b = (*chained)->Finish();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(BitIdentical(*a, *b));
+}
+
+// Bad partial sums are refused with the rule named, and the aggregate is
+// as if they had never been offered.
+TEST(FedAvgPartialSumTest, BadPartialSumsLeaveTheAggregateUnchanged) {
+  const std::vector<TensorSpec> specs = {Spec("w", v1::DTYPE_F32, {100})};
+  std::shared_ptr<const Model> base = Shared(RandomModel(specs, 1));
+  Model result = RandomModel(specs, 2);
+  Model sum = RandomModel(specs, 3);
+  Model other = RandomModel({Spec("v", v1::DTYPE_F32, {100})}, 4);
+  auto aggregator = Aggregator::Create(AggregatorOptions(), base);
+  ASSERT_TRUE(aggregator.ok());
+  const std::vector<Aggregator::PartialTerm> two = {
+      {5, v1::PAYLOAD_KIND_FULL_WEIGHTS}, {3, v1::PAYLOAD_KIND_FULL_WEIGHTS}};
+  EXPECT_THAT((*aggregator)->AddPartialSum(sum, 1, {}).message(),
+              ::testing::HasSubstr("a partial sum of no results"));
+  EXPECT_THAT((*aggregator)
+                  ->AddPartialSum(sum, 1, {{0, v1::PAYLOAD_KIND_FULL_WEIGHTS}})
+                  .message(),
+              ::testing::HasSubstr("sample count 0 is not positive"));
+  EXPECT_THAT((*aggregator)->AddPartialSum(sum, 0, two).message(),
+              ::testing::HasSubstr("partial_scale 0 is not a positive number"));
+  EXPECT_THAT((*aggregator)->AddPartialSum(sum, std::nan(""), two).message(),
+              ::testing::HasSubstr("is not a positive number"));
+  EXPECT_FALSE((*aggregator)->AddPartialSum(other, 1, two).ok());
+  EXPECT_EQ((*aggregator)->num_added(), 0);
+  ASSERT_TRUE(
+      (*aggregator)->Add(result, 7, v1::PAYLOAD_KIND_FULL_WEIGHTS).ok());
+  absl::StatusOr<Model> out = (*aggregator)->Finish();
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(BitIdentical(*out, result));
+}
+
+TEST(FedAvgPartialSumTest, OnlyFedAvgAddsPartialSums) {
+  TempDir dir;
+  const std::vector<TensorSpec> specs = {Spec("w", v1::DTYPE_F32, {10})};
+  AggregatorOptions options;
+  options.method = v1::AGGREGATION_MEDIAN;
+  options.offload_dir = dir.path();
+  auto median = Aggregator::Create(options, Shared(RandomModel(specs, 1)));
+  ASSERT_TRUE(median.ok()) << median.status();
+  absl::Status added = (*median)->AddPartialSum(
+      RandomModel(specs, 2), 1, {{1, v1::PAYLOAD_KIND_FULL_WEIGHTS}});
+  EXPECT_EQ(added.code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -849,5 +849,40 @@ class QuietLogs : public ::testing::Environment {
 const ::testing::Environment* const kQuietLogs =
     ::testing::AddGlobalTestEnvironment(new QuietLogs);
 
+// ---------------------------------------------------------------------------
+// Chain reduction: contributors to a partial sum.
+
+TEST(GathererChainTest, ContributorsNeedNoPermissionAndAreNotAskedTwice) {
+  std::unique_ptr<Gatherer> g = MakeGatherer(Config().MaxConcurrent(1));
+  EXPECT_TRUE(g->CanJoinChain("a", kRound, kOpen));
+  EXPECT_FALSE(g->CanJoinChain("a", kRound - 1, kOpen));  // Late: direct.
+  EXPECT_FALSE(g->CanJoinChain("z", kRound, kOpen));      // Not a trainer.
+  EXPECT_THAT(g->IdleTrainers(), ::testing::ElementsAre("a", "b", "c"));
+  // c holds the only slot; a and b arrive in a partial sum regardless.
+  EXPECT_EQ(g->RequestToSubmit("c", kRound, kOpen).code, PC::kGranted);
+  EXPECT_FALSE(g->CanJoinChain("c", kRound, kOpen));
+  EXPECT_THAT(g->IdleTrainers(), ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(g->BeginResult("a", kRound, kOpen).code, RC::kError);
+  EXPECT_TRUE(g->BeginResult("a", kRound, kOpen, false).ok());
+  EXPECT_TRUE(g->BeginResult("b", kRound, kOpen, false).ok());
+  EXPECT_TRUE(g->IdleTrainers().empty());
+  // Asking while its result arrives in a partial sum: ask again later.
+  const PermissionDecision again = g->RequestToSubmit("a", kRound, kOpen);
+  EXPECT_EQ(again.outcome, v1::OUTCOME_RETRY);
+  EXPECT_EQ(again.code, PC::kInPartialSum);
+  EXPECT_EQ(g->counters().in_flight, 3u);
+  // The partial sum failed: both are free to ask for a slot.
+  EXPECT_TRUE(g->FailResult("a", "chain broke", kOpen));
+  EXPECT_TRUE(g->FailResult("b", "chain broke", kOpen));
+  EXPECT_TRUE(g->CanJoinChain("a", kRound, kOpen));
+  EXPECT_EQ(g->RequestToSubmit("a", kRound, kOpen).code, PC::kSlotsBusy);
+  // A second partial sum with a: counted like any result.
+  EXPECT_TRUE(g->BeginResult("a", kRound, kOpen + S(1), false).ok());
+  EXPECT_TRUE(g->CompleteResult("a", 4, Metrics(0.5), kOpen + S(1)).ok());
+  EXPECT_FALSE(g->CanJoinChain("a", kRound, kOpen + S(1)));
+  EXPECT_EQ(g->BeginResult("a", kRound, kOpen + S(1), false).code,
+            RC::kDuplicate);
+}
+
 }  // namespace
 }  // namespace swarm

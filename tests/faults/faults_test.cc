@@ -83,6 +83,8 @@ struct CaseOptions {
   bool keep_round_models = true;
   // broadcast_learn_tasks.
   bool broadcast = false;
+  // reduce_results_in_chain.
+  bool chain = false;
 };
 
 bool InState(const Snapshot& snapshot, const std::string& site,
@@ -160,6 +162,7 @@ class NetFaults : public ::testing::Test {
     // depend on the weights.
     job_.set_keep_round_models(options.keep_round_models);
     job_.set_broadcast_learn_tasks(options.broadcast);
+    job_.set_reduce_results_in_chain(options.chain);
     for (size_t i = 0; i < kSites.size(); ++i) {
       params[absl::StrCat("sample_count.", kSites[i])] =
           absl::StrCat(uint64_t{1} << i);
@@ -775,6 +778,54 @@ TEST_F(NetFaults, BroadcastChainRunsIntoAFrozenTrainer) {
   }
   EXPECT_EQ(broadcasts, 4) << "every round's task is broadcast";
   EXPECT_TRUE(fell_back) << "no fallback to a direct send to s4 logged";
+}
+
+// (d4) Chain reduction (issue 13): a trainer on round 1's chain is frozen
+// (SIGSTOP, 20 s) while the partial sum is to pass through it; its link is
+// capped at 100 Mbit/s so that the 32 MiB sum takes seconds through it. Its
+// forwarder gives it up after the stall timeout, the trainers before it
+// submit directly, those after it wait out the chain and do the same, and
+// it submits its own once thawed: no steady trainer's result is lost.
+TEST_F(NetFaults, ReductionChainRunsIntoAFrozenTrainer) {
+  CaseOptions options;
+  options.rounds = 4;
+  options.chain = true;
+  options.model_floats = 8 << 20;
+  options.train_ms = 1000;
+  MakeJob(options);
+  const std::string frozen = Aggregator(1) == "s2" ? "s3" : "s2";
+  absl::Status capped = swarm_->net().CapBandwidth(frozen, "100mbit");
+  ASSERT_TRUE(capped.ok()) << capped;
+  ASSERT_NO_FATAL_FAILURE(Start());
+  Note(absl::StrCat("round 1 aggregator: ", Aggregator(1), "; freezing ",
+                    frozen));
+  ASSERT_NO_FATAL_FAILURE(WaitSite(
+      frozen,
+      [](const v1::SiteStatus& s) {
+        return s.round() == 1 && s.state() == v1::SITE_STATE_SUBMITTING;
+      },
+      "the frozen site on round 1's chain"));
+  ASSERT_TRUE(swarm_->Signal(frozen, SIGSTOP).ok());
+  Note(absl::StrCat("SIGSTOP ", frozen));
+  absl::SleepFor(absl::Seconds(20));
+  ASSERT_TRUE(swarm_->Signal(frozen, SIGCONT).ok());
+  Note(absl::StrCat("SIGCONT ", frozen));
+  Expect expect;
+  expect.unsteady = {frozen};
+  ExpectJobCompletes(expect);
+  int chains = 0;
+  bool fell_back = false;
+  for (const std::string& site : kSites) {
+    for (absl::string_view line :
+         absl::StrSplit(swarm_->Log(site, 100000), '\n')) {
+      if (absl::StrContains(line, ": reduction chain ")) ++chains;
+      if (absl::StrContains(line, "submitting this site's result directly")) {
+        fell_back = true;
+      }
+    }
+  }
+  EXPECT_GE(chains, 4) << "every round's results are reduced in a chain";
+  EXPECT_TRUE(fell_back) << "no trainer went back to a direct submission";
 }
 
 // (e1) Round 1's aggregator killed -9 while the trainers train round 1; it

@@ -864,6 +864,39 @@ TEST_F(HostileTest, HonestJobCompletesExactlyDespiteHostilePeers) {
     }
   }
 
+  {  // Partial sums (chain reduction, issue 13). Mallory passes one on in
+     // an honest trainer's name: mTLS proves the hop, so it is refused
+     // before anything else. In its own name it is refused because this
+     // job does not reduce in a chain.
+    const std::string honest_trainer = honest.back().name;
+    v1::ModelHeader header = ResultHeader(*task);
+    header.set_kind(v1::MODEL_KIND_PARTIAL_SUM);
+    v1::Contribution* contribution = header.add_contributions();
+    contribution->set_site(kMallory);
+    contribution->set_sample_count(1000);
+    std::shared_ptr<const Model> model = RoundShapedModel(*task, 0.5f);
+    ASSERT_NE(model, nullptr);
+    v1::ModelHeader impostor = header;
+    impostor.set_sender(honest_trainer);
+    Frames claimed = MakeFrames(model, impostor);
+    StreamOutcome out =
+        SendFrames(MalloryChannel(task->aggregator).get(), "SubmitResult",
+                   {claimed.header, claimed.chunks[0], claimed.chunks[1],
+                    claimed.trailer});
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << out.status.error_message();
+    EXPECT_THAT(out.status.error_message(),
+                HasSubstr(absl::StrCat("does not match the certificate of \"",
+                                       kMallory, "\"")));
+    Frames own = MakeFrames(model, header);
+    out = SendFrames(MalloryChannel(task->aggregator).get(), "SubmitResult",
+                     {own.header, own.chunks[0], own.chunks[1], own.trailer});
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << out.status.error_message();
+    EXPECT_THAT(out.status.error_message(),
+                HasSubstr("does not reduce results in a chain"));
+  }
+
   {  // Admin-only calls with a site certificate.
     std::unique_ptr<v1::Peer::Stub> stub =
         swarm.StubAs(aggregator0, "site-2", security::kSiteRole);

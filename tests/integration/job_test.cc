@@ -297,8 +297,7 @@ class JobTest : public ::testing::Test {
       } else {
         EXPECT_LE(counters.max_submissions_in_flight(), 1u)
             << "max_concurrent_submissions=1 was exceeded";
-        EXPECT_EQ(counters.submissions_granted(),
-                  rounds_aggregated * trainers);
+        EXPECT_EQ(counters.submissions_granted(), rounds_aggregated * trainers);
         if (rounds_aggregated > 0) {
           EXPECT_EQ(counters.max_submissions_in_flight(), 1u);
         }
