@@ -77,9 +77,6 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
   std::vector<std::string> members;
   for (RequestId request : waiting)
     members.push_back(held_[request].ask.sender());
-  const uint64_t wait_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(
-      job_->learn_task_ack_timeout() +
-      job_->failover_timeout() * static_cast<int64_t>(members.size() + 1)));
   for (size_t i = 0; i < waiting.size(); ++i) {
     v1::SubmitPermissionReply reply;
     reply.set_outcome(v1::OUTCOME_OK);
@@ -91,8 +88,12 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
       reply.set_message(absl::StrCat(
           "round ", round, ": start the reduction chain to ", members[1]));
     } else {
+      // The sum's header reaches the i-th member as soon as each hop
+      // before it starts passing the sum on (its body follows frame by
+      // frame): a failover timeout per hop before it bounds the wait.
       reply.set_reduce_member(true);
-      reply.set_reduce_wait_ms(wait_ms);
+      reply.set_reduce_wait_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(
+          job_->failover_timeout() * static_cast<int64_t>(i + 1))));
       reply.set_message(absl::StrCat("round ", round,
                                      ": the reduction chain from ", members[0],
                                      " passes through you"));

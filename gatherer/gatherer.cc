@@ -147,7 +147,10 @@ bool Gatherer::HasResult(const TrainerState& state, uint32_t round,
 void Gatherer::ReleaseSlot(TrainerState& state) {
   if (state.slot == Slot::kNone) return;
   state.slot = Slot::kNone;
-  state.in_partial_sum = false;
+  if (state.in_partial_sum) {
+    state.in_partial_sum = false;
+    return;
+  }
   --counters_.in_flight;
 }
 
@@ -262,10 +265,9 @@ PermissionDecision Gatherer::RequestToSubmit(absl::string_view trainer,
           : std::string();
   if (state->slot == Slot::kUploading && state->in_partial_sum) {
     ++counters_.permission_retries;
-    return Permission(
-        v1::OUTCOME_RETRY, PermissionCode::kInPartialSum,
-        absl::StrCat("the result of ", trainer,
-                     " is arriving in a partial sum; ask again"));
+    return Permission(v1::OUTCOME_RETRY, PermissionCode::kInPartialSum,
+                      absl::StrCat("the result of ", trainer,
+                                   " is arriving in a partial sum; ask again"));
   }
   if (state->slot != Slot::kNone) {
     if (state->slot == Slot::kGranted) state->granted_at = now;
@@ -354,12 +356,10 @@ ResultDecision Gatherer::BeginResult(absl::string_view trainer, uint32_t round,
         absl::StrFormat("an upload from %s for round %d is already in progress",
                         trainer, state->upload_round));
   }
-  state->in_partial_sum = !permission_needed;
-  if (state->slot == Slot::kNone) {  // A partial sum's contributor.
-    ++counters_.in_flight;
-    counters_.max_in_flight =
-        std::max(counters_.max_in_flight, counters_.in_flight);
-  }
+  // A partial sum's contributor takes no submission slot: the sum comes
+  // as one upload, and must not hold back the trainers outside its chain
+  // (the aggregator's own result, say) while it passes along the chain.
+  state->in_partial_sum = state->slot == Slot::kNone && !permission_needed;
   state->slot = Slot::kUploading;
   state->upload_round = round;
   if (round < round_) {

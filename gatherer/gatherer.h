@@ -226,8 +226,8 @@ class Gatherer {
   // (logged as a warning).
   //
   // `permission_needed` false: a contributor to a partial sum (chain
-  // reduction), whose result comes without a slot of its own; it takes one
-  // for the upload, whatever max_concurrent_submissions says.
+  // reduction), whose result comes without a permission; its upload takes
+  // no submission slot (not counted in in_flight).
   ResultDecision BeginResult(absl::string_view trainer, uint32_t round,
                              absl::Time now, bool permission_needed = true);
 

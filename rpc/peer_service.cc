@@ -381,9 +381,9 @@ class PeerService::UploadCall final
       if (absl::Status started = StartChainHop(header); !started.ok()) {
         return HandToSite(started);
       }
-    } else if (header.relay_to_size() > 0) {
-      StartRelay(header);
+      return ReadHop();
     }
+    if (header.relay_to_size() > 0) StartRelay(header);
     StartRead(&frame_);
   }
 
@@ -406,6 +406,9 @@ class PeerService::UploadCall final
     if (!digest.ok()) return digest.status();
     hop_digest_ = std::move(*digest);
     hop_ = true;
+    hop_stream_deadline_ = absl::Now() + service_->options_.max_stream_time;
+    hop_idle_ = std::max(absl::Seconds(1),
+                         absl::Milliseconds(job->failover_timeout_ms()));
     receiver_.set_emit(
         [this](uint32_t index, uint64_t offset, absl::string_view data) {
           hop_digest_->AddChunk(index, offset, data);
@@ -441,7 +444,7 @@ class PeerService::UploadCall final
         [this] {
           // Room again: read on, unless the room is the trailer's (the
           // incoming stream is over).
-          if (!hop_read_done_.load()) StartRead(&frame_);
+          if (!hop_read_done_.load()) ReadHop();
         },
         [shared](absl::StatusOr<v1::Reply> reply) {
           HopDone(shared, std::nullopt, StatusFromHopReply(reply));
@@ -449,7 +452,20 @@ class PeerService::UploadCall final
     return absl::OkStatus();
   }
 
+  // The next frame of a partial sum passing through. A sender that sends
+  // nothing for a failover timeout (frozen, or stalled behind a frozen hop)
+  // is given up: the call is cancelled, and every trainer of the chain
+  // submits directly, instead of all of them waiting for the round's
+  // timeout. Only a pending read counts as idle: while the next hop's queue
+  // is full (backpressure), this site does not read on purpose.
+  void ReadHop() {
+    service_->watchdog_->Watch(
+        context_, std::min(hop_stream_deadline_, absl::Now() + hop_idle_));
+    StartRead(&frame_);
+  }
+
   void OnHopRead(bool ok) {
+    service_->watchdog_->Watch(context_, hop_stream_deadline_);
     if (!ok) {
       hop_read_done_ = true;
       absl::StatusOr<Model> sum = receiver_.assembler()->Finish();
@@ -476,7 +492,7 @@ class PeerService::UploadCall final
     }
     hop_pending_.clear();
     if (full) return;  // The relay's on_room reads on.
-    StartRead(&frame_);
+    ReadHop();
   }
 
   // One half of a hop's end: the site hears of both at once (the incoming
@@ -723,6 +739,8 @@ class PeerService::UploadCall final
   // frames not yet pushed.
   bool hop_ = false;
   std::atomic<bool> hop_read_done_{false};
+  absl::Time hop_stream_deadline_ = absl::InfiniteFuture();
+  absl::Duration hop_idle_ = absl::Seconds(5);
   std::unique_ptr<StreamDigest> hop_digest_;
   uint64_t hop_chunks_ = 0;
   std::vector<grpc::ByteBuffer> hop_pending_;
