@@ -35,14 +35,6 @@ std::vector<CallRecord> IntoAggregator(Sim& sim, uint32_t round) {
   return calls;
 }
 
-void ExpectAllDone(Sim& sim) {
-  for (int i : AllSites(sim)) {
-    const v1::SiteStatus status = sim.Status(i);
-    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
-        << Sim::Name(i) << ": " << status.last_error();
-  }
-}
-
 TEST(SimChainTest, GivesTheStarsAggregatesWithOneModelIntoTheAggregator) {
   Sim star(Config(8, 4));
   star.RunJob();
@@ -156,13 +148,7 @@ TEST(SimChainTest, APartialSumLostOnItsLastHopLosesNothing) {
 }
 
 TEST(ThreadedSimChainTest, CompletesWithExactAggregates) {
-  Sim sim(Threaded(Config(8, 3, Chain)));
-  sim.Configure();
-  sim.Start();
-  ASSERT_TRUE(sim.WaitTerminal(absl::Seconds(120)));
-  ExpectAllDone(sim);
-  ExpectExactRounds(
-      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+  ExpectThreadedJobExact(Config(8, 3, Chain));
 }
 
 }  // namespace

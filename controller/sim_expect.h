@@ -259,6 +259,27 @@ inline std::vector<int> Without(std::vector<int> sites, int site) {
   return sites;
 }
 
+// Every site ended DONE.
+inline void ExpectAllDone(Sim& sim) {
+  for (int i : AllSites(sim)) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+  }
+}
+
+// Runs `config` on real thread pools (Threaded): every site ends DONE and
+// every round's aggregate holds every trainer's result, exactly.
+inline void ExpectThreadedJobExact(SimConfig config) {
+  Sim sim(Threaded(std::move(config)));
+  sim.Configure();
+  sim.Start();
+  ASSERT_TRUE(sim.WaitTerminal(absl::Seconds(120)));
+  ExpectAllDone(sim);
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, AllSites(sim));
+}
+
 // The final models and every round's global model of a job.
 struct JobOutcome {
   std::map<uint32_t, std::vector<float>> globals;

@@ -34,11 +34,13 @@ bool SiteMachine::Probing(const Training& task) const {
 
 // --- Aggregator side -------------------------------------------------------
 
+// Not while the aggregator, lean, adds its own result first: the sum
+// would arrive beside its training's models (OwnResultFirst).
 bool SiteMachine::ChainAsk(const v1::SubmitPermissionRequest& ask,
                            AggregationRound& target) {
   return job_->config().reduce_results_in_chain() && !ask.direct() &&
          !ask.probe() && ask.sender() != options_.site &&
-         ask.round() == target.round() &&
+         ask.round() == target.round() && !OwnResultFirst(target.round()) &&
          target.CanJoinChain(ask.sender(), ask.round(), now_) &&
          CheckPartialSumLayout(target.base().specs()).ok();
 }

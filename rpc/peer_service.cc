@@ -387,6 +387,30 @@ class PeerService::UploadCall final
     StartRead(&frame_);
   }
 
+  // The next hop's call for a stream passed on: due shortly before this
+  // call's own deadline (its answer must make it back in time).
+  std::unique_ptr<grpc::ClientContext> ForwardContext(
+      const v1::ModelHeader& header) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    absl::Time deadline = CallDeadline(context_);
+    deadline = deadline == absl::InfiniteFuture()
+                   ? absl::Now() + StreamDeadline(header.total_bytes())
+                   : deadline - kRelayMargin;
+    context->set_deadline(absl::ToChronoTime(deadline));
+    return context;
+  }
+
+  // How long a write to the next hop may wait: failover_timeout per hop
+  // from it on. A site frozen further down stalls this hop too
+  // (backpressure), and the forwarder nearest to it must give it up first,
+  // so that the rest flows again.
+  static absl::Duration ForwardStall(const v1::JobConfig& job,
+                                     const v1::ModelHeader& onward) {
+    return std::max(absl::Seconds(1),
+                    absl::Milliseconds(job.failover_timeout_ms())) *
+           static_cast<int64_t>(onward.relay_to_size() + 1);
+  }
+
   // Chain reduction: the site adds its result to the partial sum as it
   // passes (the receiver's PartialSumSink) and the output goes on to the
   // next hop at once, one frame per chunk, under the relay's backpressure.
@@ -421,25 +445,14 @@ class PeerService::UploadCall final
           hop_pending_.push_back(EncodeChunkFrame(chunk, bytes));
           return absl::OkStatus();
         });
-    auto context = std::make_unique<grpc::ClientContext>();
-    absl::Time deadline = CallDeadline(context_);
-    deadline = deadline == absl::InfiniteFuture()
-                   ? absl::Now() + StreamDeadline(header.total_bytes())
-                   : deadline - kRelayMargin;
-    context->set_deadline(absl::ToChronoTime(deadline));
     FrameRelay::Options options;
-    // As for a broadcast (StartRelay): the hop nearest a frozen site gives
-    // it up first.
-    options.stall_timeout =
-        std::max(absl::Seconds(1),
-                 absl::Milliseconds(job->failover_timeout_ms())) *
-        static_cast<int64_t>(hop.onward.relay_to_size() + 1);
+    options.stall_timeout = ForwardStall(*job, hop.onward);
     options.what =
         absl::StrCat("round ", header.round(), " partial sum to ", hop.next);
     std::shared_ptr<Shared> shared = shared_;
     relay_ = FrameRelay::Start(
         service_->options_.forward_channels->Get(site->address()).get(),
-        "SubmitResult", std::move(context), EncodeHeaderFrame(hop.onward),
+        "SubmitResult", ForwardContext(header), EncodeHeaderFrame(hop.onward),
         std::move(options), service_->watchdog_.get(),
         [this] {
           // Room again: read on, unless the room is the trailer's (the
@@ -630,20 +643,8 @@ class PeerService::UploadCall final
     }
     v1::ModelHeader onward = header;
     onward.mutable_relay_to()->DeleteSubrange(0, 1);
-    auto context = std::make_unique<grpc::ClientContext>();
-    absl::Time deadline = CallDeadline(context_);
-    deadline = deadline == absl::InfiniteFuture()
-                   ? absl::Now() + StreamDeadline(header.total_bytes())
-                   : deadline - kRelayMargin;
-    context->set_deadline(absl::ToChronoTime(deadline));
     FrameRelay::Options options;
-    // failover_timeout per hop after this one: a site frozen further down
-    // stalls this hop too (backpressure), and the forwarder nearest to it
-    // must give it up first, so that the rest flows again.
-    options.stall_timeout =
-        std::max(absl::Seconds(1),
-                 absl::Milliseconds(job->failover_timeout_ms())) *
-        static_cast<int64_t>(onward.relay_to_size() + 1);
+    options.stall_timeout = ForwardStall(*job, onward);
     options.what = absl::StrCat("round ", header.round(),
                                 " learn task forwarded to ", next);
     {
@@ -653,7 +654,7 @@ class PeerService::UploadCall final
     std::shared_ptr<Shared> shared = shared_;
     relay_ = FrameRelay::Start(
         service_->options_.forward_channels->Get(site->address()).get(),
-        "LearnTask", std::move(context), EncodeHeaderFrame(onward),
+        "LearnTask", ForwardContext(header), EncodeHeaderFrame(onward),
         std::move(options), service_->watchdog_.get(),
         [this] { StartRead(&frame_); },
         [shared, next](absl::StatusOr<v1::Reply> reply) {

@@ -480,6 +480,24 @@ TEST_F(JobTest, FourSitesChainReductionAndBroadcast) {
   RunJob(spec);
 }
 
+// The same with lean memory (models held as file mappings, the aggregator's
+// own result first): the chain waits for it, the aggregates are the same.
+TEST_F(JobTest, FourSitesChainReductionLeanMemory) {
+  JobSpec spec;
+  spec.job_id = "four-sites-chain-lean";
+  spec.seed = 7;
+  spec.metrics = kBestRound2;
+  spec.chain = true;
+  spec.lean_memory = true;
+  spec.sites = {
+      {"site-1", true, true, 0.125, 1, 0.0},
+      {"site-2", true, true, 0.25, 1, 0.0625},
+      {"site-3", true, true, 0.375, 2, 0.125},
+      {"site-4", true, true, 0.5, 4, 0.0},
+  };
+  RunJob(spec);
+}
+
 // The same aggregates, bit for bit, with the learn tasks broadcast: four
 // sites, so that each round's chain has two or three hops.
 TEST_F(JobTest, FourSitesBroadcastLearnTasks) {
