@@ -393,7 +393,8 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  // Signals are taken by sigwait below; block them before any thread starts.
+  // Signals are taken by sigwait below (main blocked them before any
+  // thread started; blocking again is harmless).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -479,6 +480,16 @@ int Run(int argc, char** argv) {
 }  // namespace swarm
 
 int main(int argc, char** argv) {
+  // SIGINT and SIGTERM are taken by Run's sigwait. They are blocked here,
+  // before grpc_init starts gRPC's threads: a thread that does not block
+  // them could take one with its default action and kill the daemon
+  // instead of shutting it down (seen once in CI: "killed by signal 15"
+  // right after "listening").
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // Holds gRPC up while Run's servers and channels exist, then waits for
   // gRPC's own asynchronous cleanup (connections still closing, their TLS
   // state) to finish before the process exits.
