@@ -153,6 +153,9 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
   SWARM_LOG_INFO("round %d: starting the reduction chain to %s", task.round,
                  rest.front());
   Send(rest.front(), std::move(message), call, /*retry=*/false);
+  // Probed meanwhile, as after any submission: the aggregator hears from
+  // this site, and its death moves the round to a backup.
+  ScheduleAsk(job_->failover_timeout() / 2);
 }
 
 void SiteMachine::OnChainSubmitDone(const Call& call,
@@ -237,6 +240,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
   admission.chain_hop = std::move(hop);
   task.chain = Training::InChain::kContributing;
   SetState(v1::SITE_STATE_SUBMITTING);
+  if (task.ask_timer == 0) ScheduleAsk(job_->failover_timeout() / 2);
   return admission;
 }
 

@@ -19,12 +19,11 @@ class FrameRelay::Call final
     : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
  public:
   Call(std::shared_ptr<FrameRelay> relay, absl::string_view method,
-       std::unique_ptr<grpc::ClientContext> context, Done done)
+       std::unique_ptr<grpc::ClientContext> context)
       : relay_(std::move(relay)),
         path_(PeerMethodPath(method)),
         rpc_(path_.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING),
-        context_(std::move(context)),
-        done_(std::move(done)) {}
+        context_(std::move(context)) {}
 
   void Begin(grpc::ChannelInterface* channel, const grpc::ByteBuffer& header) {
     grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
@@ -47,10 +46,9 @@ class FrameRelay::Call final
     absl::StatusOr<v1::Reply> result =
         UploadOutcome(status, std::move(reply_), writes_done_, path_);
     std::shared_ptr<FrameRelay> relay = std::move(relay_);
-    Done done = std::move(done_);
     delete this;
     relay->Ended();
-    done(std::move(result));
+    relay->Deliver(std::move(result));
   }
 
   std::shared_ptr<grpc::ClientContext> context() const { return context_; }
@@ -62,7 +60,6 @@ class FrameRelay::Call final
   const grpc::internal::RpcMethod rpc_;
   // Shared with the watchdog's cancel, which may run after the call ended.
   const std::shared_ptr<grpc::ClientContext> context_;
-  Done done_;
   grpc::ByteBuffer frame_;
   v1::Reply reply_;
   bool writes_done_ = false;
@@ -79,7 +76,8 @@ std::shared_ptr<FrameRelay> FrameRelay::Start(
   relay->watchdog_ = watchdog;
   relay->stall_timeout_ = options.stall_timeout;
   relay->what_ = std::move(options.what);
-  auto* call = new Call(relay, method, std::move(context), std::move(done));
+  relay->done_ = std::move(done);
+  auto* call = new Call(relay, method, std::move(context));
   {
     absl::MutexLock lock(&relay->mu_);
     relay->call_ = call;
@@ -99,7 +97,39 @@ void FrameRelay::Arm() {
   watchdog_->Watch(this, absl::Now() + stall_timeout_,
                    absl::StrCat(what_, ": no frame taken for ",
                                 absl::FormatDuration(stall_timeout_)),
-                   [context] { context->TryCancel(); });
+                   [context, weak = weak_from_this()] {
+                     context->TryCancel();
+                     if (std::shared_ptr<FrameRelay> relay = weak.lock()) {
+                       relay->OnStalled();
+                     }
+                   });
+}
+
+// The cancelled write to a frozen next hop may not come back until that
+// hop wakes (gRPC completes it with the transport): the relay ends now, so
+// that the receiver reads on and its caller hears why at once.
+void FrameRelay::OnStalled() {
+  bool room = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    queue_.clear();
+    room = want_room_;
+    want_room_ = false;
+  }
+  Deliver(absl::DeadlineExceededError(absl::StrCat(
+      what_, ": no frame taken for ", absl::FormatDuration(stall_timeout_))));
+  if (room) on_room_();
+}
+
+void FrameRelay::Deliver(absl::StatusOr<v1::Reply> result) {
+  Done done;
+  {
+    absl::MutexLock lock(&mu_);
+    done = std::move(done_);
+    done_ = nullptr;
+  }
+  if (done) done(std::move(result));
 }
 
 FrameRelay::PushResult FrameRelay::Push(const grpc::ByteBuffer& frame) {

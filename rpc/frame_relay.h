@@ -39,7 +39,7 @@ namespace swarm {
 
 class StreamWatchdog;
 
-class FrameRelay {
+class FrameRelay : public std::enable_shared_from_this<FrameRelay> {
  public:
   struct Options {
     size_t max_queued_frames = 8;
@@ -89,6 +89,10 @@ class FrameRelay {
   void OnWriteDone(bool ok);
   // The call is over (its OnDone).
   void Ended();
+  // The stall timeout fired (the call is being cancelled).
+  void OnStalled();
+  // Runs `done` with `result` unless it already ran.
+  void Deliver(absl::StatusOr<v1::Reply> result);
 
   absl::Mutex mu_;
   Call* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Until the hold is released.
@@ -100,6 +104,7 @@ class FrameRelay {
   bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
   bool want_room_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_room_;
+  Done done_ ABSL_GUARDED_BY(mu_);
   StreamWatchdog* watchdog_ = nullptr;
   absl::Duration stall_timeout_;
   std::string what_;

@@ -275,6 +275,9 @@ class PeerService::UploadCall final
   void OnReadDone(bool ok) override {
     if (!header_read_) return OnHeader(ok);
     if (hop_) return OnHopRead(ok);
+    if (idle_watch_) {
+      service_->watchdog_->Watch(context_, hop_stream_deadline_);
+    }
     if (!ok) {
       if (relay_ != nullptr) relay_->Close();
       return HandToSite(Verified(receiver_.assembler()->Finish()));
@@ -292,6 +295,7 @@ class PeerService::UploadCall final
     if (onward.has_value() && relay_->Push(*onward) == FrameRelay::kFull) {
       return;  // The relay's on_room reads on.
     }
+    if (idle_watch_) return ReadHop();
     StartRead(&frame_);
   }
 
@@ -383,8 +387,25 @@ class PeerService::UploadCall final
       }
       return ReadHop();
     }
+    if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+      // The chain's last hop to the aggregator: a frozen hop must not hold
+      // its contributors' results until the round's timeout either.
+      if (const std::optional<v1::JobConfig> job = service_->controller_->job();
+          job.has_value()) {
+        WatchIdle(*job);
+        return ReadHop();
+      }
+    }
     if (header.relay_to_size() > 0) StartRelay(header);
     StartRead(&frame_);
+  }
+
+  // A partial sum's reads are watched for an idle sender (ReadHop).
+  void WatchIdle(const v1::JobConfig& job) {
+    idle_watch_ = true;
+    hop_stream_deadline_ = absl::Now() + service_->options_.max_stream_time;
+    hop_idle_ = std::max(absl::Seconds(1),
+                         absl::Milliseconds(job.failover_timeout_ms()));
   }
 
   // The next hop's call for a stream passed on: due shortly before this
@@ -430,9 +451,7 @@ class PeerService::UploadCall final
     if (!digest.ok()) return digest.status();
     hop_digest_ = std::move(*digest);
     hop_ = true;
-    hop_stream_deadline_ = absl::Now() + service_->options_.max_stream_time;
-    hop_idle_ = std::max(absl::Seconds(1),
-                         absl::Milliseconds(job->failover_timeout_ms()));
+    WatchIdle(*job);
     receiver_.set_emit(
         [this](uint32_t index, uint64_t offset, absl::string_view data) {
           hop_digest_->AddChunk(index, offset, data);
@@ -740,6 +759,7 @@ class PeerService::UploadCall final
   // frames not yet pushed.
   bool hop_ = false;
   std::atomic<bool> hop_read_done_{false};
+  bool idle_watch_ = false;
   absl::Time hop_stream_deadline_ = absl::InfiniteFuture();
   absl::Duration hop_idle_ = absl::Seconds(5);
   std::unique_ptr<StreamDigest> hop_digest_;

@@ -828,6 +828,57 @@ TEST_F(NetFaults, ReductionChainRunsIntoAFrozenTrainer) {
   EXPECT_TRUE(fell_back) << "no trainer went back to a direct submission";
 }
 
+// (d5) The same with the chain's last hop frozen (SIGSTOP, 20 s) as soon as
+// the aggregator has formed round 1's chain: every trainer's link is
+// capped at 100 Mbit/s, so the 32 MiB sum is on its way through it. The hop
+// before it gives it up (a write that waits too long), the aggregator gives
+// up its stalled stream (no frame for a failover timeout), and everyone on
+// the chain submits directly: no steady trainer's result is lost.
+TEST_F(NetFaults, ReductionChainLastHopFrozenMidStream) {
+  CaseOptions options;
+  options.rounds = 3;
+  options.chain = true;
+  options.model_floats = 8 << 20;
+  options.train_ms = 1000;
+  MakeJob(options);
+  // The fallback costs up to two failover timeouts (the hop before the
+  // frozen one gives it up after one per hop from there), then three direct
+  // uploads of 32 MiB, one at a time, over 100 Mbit/s links: more than the
+  // cases' usual 20 s round.
+  job_.set_round_timeout_ms(40000);
+  const std::string aggregator = Aggregator(1);
+  for (const std::string& site : kSites) {
+    if (site == aggregator) continue;
+    absl::Status capped = swarm_->net().CapBandwidth(site, "100mbit");
+    ASSERT_TRUE(capped.ok()) << capped;
+  }
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // "round 1: reduction chain a -> b -> c -> aggregator" in its log.
+  std::string last_hop;
+  const absl::Time give_up = absl::Now() + absl::Seconds(90);
+  while (last_hop.empty() && absl::Now() < give_up) {
+    for (absl::string_view line :
+         absl::StrSplit(swarm_->Log(aggregator, 200), '\n')) {
+      const size_t at = line.find("round 1: reduction chain ");
+      if (at == absl::string_view::npos) continue;
+      std::vector<std::string> hops =
+          absl::StrSplit(line.substr(at + 25), " -> ");
+      if (hops.size() >= 2) last_hop = hops[hops.size() - 2];
+    }
+    if (last_hop.empty()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(last_hop.empty()) << "round 1 formed no chain";
+  ASSERT_TRUE(swarm_->Signal(last_hop, SIGSTOP).ok());
+  Note(absl::StrCat("round 1 aggregator: ", aggregator, "; SIGSTOP ", last_hop,
+                    " (the chain's last hop)"));
+  absl::SleepFor(absl::Seconds(20));
+  ASSERT_TRUE(swarm_->Signal(last_hop, SIGCONT).ok());
+  Note(absl::StrCat("SIGCONT ", last_hop));
+  Expect expect;
+  expect.unsteady = {last_hop};
+  ExpectJobCompletes(expect);
+}
+
 // (e1) Round 1's aggregator killed -9 while the trainers train round 1; it
 // comes back 5 s later as an ordinary site.
 TEST_F(NetFaults, AggregatorKilledWhileTrainersTrain) {
