@@ -594,6 +594,8 @@ class SiteMachine {
   bool Probing(const Training& task) const;
   // Chain reduction, trainer side (site_machine_chain.cc).
   void StartChain(const v1::SubmitPermissionReply& reply);
+  // This site's entry in a partial sum's contributions.
+  v1::Contribution OwnContribution(const Training& task) const;
   void OnChainSubmitDone(const Call& call, const event::CallDone& e);
   absl::StatusOr<ModelAdmission> AdmitPartialHop(const v1::ModelHeader& header);
   v1::Reply OnPartialPassedOn(const v1::ModelHeader& header,

@@ -112,6 +112,15 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
 
 // --- Trainer side ----------------------------------------------------------
 
+v1::Contribution SiteMachine::OwnContribution(const Training& task) const {
+  v1::Contribution mine;
+  mine.set_site(options_.site);
+  mine.set_sample_count(task.result_header.sample_count());
+  *mine.mutable_metrics() = task.result_header.metrics();
+  mine.set_payload_kind(task.result_header.payload_kind());
+  return mine;
+}
+
 void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
   Training& task = *training_;
   std::vector<std::string> rest(reply.reduce_to().begin(),
@@ -131,11 +140,7 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
   message.kind = CallKind::kSubmitResult;
   message.header = task.result_header;
   message.header.set_kind(v1::MODEL_KIND_PARTIAL_SUM);
-  v1::Contribution* mine = message.header.add_contributions();
-  mine->set_site(options_.site);
-  mine->set_sample_count(task.result_header.sample_count());
-  *mine->mutable_metrics() = task.result_header.metrics();
-  mine->set_payload_kind(task.result_header.payload_kind());
+  *message.header.add_contributions() = OwnContribution(task);
   message.header.set_partial_scale(
       static_cast<double>(task.result_header.sample_count()));
   for (size_t i = 1; i < rest.size(); ++i) {
@@ -230,11 +235,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
   hop.onward.set_sender(options_.site);
   hop.onward.clear_partial_scale();
   hop.onward.mutable_relay_to()->DeleteSubrange(0, 1);
-  v1::Contribution* mine = hop.onward.add_contributions();
-  mine->set_site(options_.site);
-  mine->set_sample_count(task.result_header.sample_count());
-  *mine->mutable_metrics() = task.result_header.metrics();
-  mine->set_payload_kind(task.result_header.payload_kind());
+  *hop.onward.add_contributions() = OwnContribution(task);
   hop.onward.set_sample_count(header.sample_count() +
                               task.result_header.sample_count());
   admission.chain_hop = std::move(hop);

@@ -275,9 +275,6 @@ class PeerService::UploadCall final
   void OnReadDone(bool ok) override {
     if (!header_read_) return OnHeader(ok);
     if (hop_) return OnHopRead(ok);
-    if (idle_watch_) {
-      service_->watchdog_->Watch(context_, hop_stream_deadline_);
-    }
     if (!ok) {
       if (relay_ != nullptr) relay_->Close();
       return HandToSite(Verified(receiver_.assembler()->Finish()));
@@ -490,14 +487,27 @@ class PeerService::UploadCall final
   // submits directly, instead of all of them waiting for the round's
   // timeout. Only a pending read counts as idle: while the next hop's queue
   // is full (backpressure), this site does not read on purpose.
+  // Re-armed at most every quarter of the idle timeout (a watch costs a
+  // lock, an allocation and a wake of the watchdog's thread: not once per
+  // frame), so a sender is given up after 3/4 to 1 idle timeout.
   void ReadHop() {
-    service_->watchdog_->Watch(
-        context_, std::min(hop_stream_deadline_, absl::Now() + hop_idle_));
+    const absl::Time now = absl::Now();
+    if (!idle_armed_ || now - idle_armed_at_ >= hop_idle_ / 4) {
+      service_->watchdog_->Watch(
+          context_, std::min(hop_stream_deadline_, now + hop_idle_));
+      idle_armed_ = true;
+      idle_armed_at_ = now;
+    }
     StartRead(&frame_);
   }
 
-  void OnHopRead(bool ok) {
+  // Pausing on purpose (the next hop's queue is full): not idle.
+  void PauseHopReads() {
     service_->watchdog_->Watch(context_, hop_stream_deadline_);
+    idle_armed_ = false;
+  }
+
+  void OnHopRead(bool ok) {
     if (!ok) {
       hop_read_done_ = true;
       absl::StatusOr<Model> sum = receiver_.assembler()->Finish();
@@ -523,7 +533,7 @@ class PeerService::UploadCall final
       full = relay_->Push(frame) == FrameRelay::kFull || full;
     }
     hop_pending_.clear();
-    if (full) return;  // The relay's on_room reads on.
+    if (full) return PauseHopReads();  // The relay's on_room reads on.
     ReadHop();
   }
 
@@ -760,6 +770,10 @@ class PeerService::UploadCall final
   bool hop_ = false;
   std::atomic<bool> hop_read_done_{false};
   bool idle_watch_ = false;
+  // ReadHop's last arming of the idle watch (reactor and on_room threads
+  // take turns: a read is never started from both at once).
+  bool idle_armed_ = false;
+  absl::Time idle_armed_at_;
   absl::Time hop_stream_deadline_ = absl::InfiniteFuture();
   absl::Duration hop_idle_ = absl::Seconds(5);
   std::unique_ptr<StreamDigest> hop_digest_;
