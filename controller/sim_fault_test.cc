@@ -97,6 +97,49 @@ TEST(SimTest, LostRepliesAreRetriedWithoutLosingAnything) {
       lossy, [&](uint32_t) { return AllTrainers(lossy); }, AllSites(lossy));
 }
 
+TEST(SimTest, AResultInWhoseAnswerWasLostIsKept) {
+  // A trainer's upload is accepted but the answer is lost: it asks again
+  // while the round is still open (another trainer's upload takes a while)
+  // and hears its result is already in (REJECTED with result_in). That is
+  // no refusal: it keeps the result for a failover, as after an answered
+  // upload, and the job goes on as if nothing happened.
+  const SimConfig config = Config(4, 3);
+  Sim probe(config);
+  const uint32_t round = 1;
+  int trainer = 0;
+  while (Sim::Name(trainer) == probe.Aggregator(round)) ++trainer;
+  int slow = trainer + 1;
+  while (Sim::Name(slow) == probe.Aggregator(round)) ++slow;
+  Sim sim(config);
+  sim.network().AddFault(
+      Calls(CallKind::kSubmitResult, Sim::Name(trainer), "", round),
+      Fault::kDropReply, 1);
+  sim.network().AddDelay(
+      Calls(CallKind::kSubmitResult, Sim::Name(slow), "", round),
+      absl::Seconds(5));
+  sim.RunJob();
+  bool lost = false;
+  int told_in = 0;
+  for (const CallRecord& call : sim.network().Log()) {
+    lost |= call.kind == CallKind::kSubmitResult && call.fault == "drop_reply";
+    told_in += call.kind == CallKind::kRequestToSubmit &&
+               call.from == Sim::Name(trainer) && call.round == round &&
+               call.result == "OUTCOME_REJECTED";
+  }
+  ASSERT_TRUE(lost);
+  EXPECT_EQ(told_in, 1);
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    EXPECT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    // The lost answer itself is reported; a refusal would come after it.
+    EXPECT_THAT(sim.Status(i).last_error(),
+                ::testing::Not(::testing::HasSubstr("refused")))
+        << Sim::Name(i);
+  }
+  ExpectExactRounds(
+      sim, [&](uint32_t) { return AllTrainers(sim); }, all);
+}
+
 TEST(SimTest, LostAckOfTheAggregatorsTaskDoesNotFailTheJob) {
   // The aggregator's learn task of round r arrives but its acknowledgement
   // is lost. Before the scatterer's retry (after a backoff) the aggregator

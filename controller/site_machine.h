@@ -588,6 +588,10 @@ class SiteMachine {
   void OnHandoffDone(const Call& call, const event::CallDone& e);
   void AddChain(v1::SubmitPermissionRequest* ask) const;
   void OnPermissionReply(const Call& call, const event::CallDone& e);
+  // The aggregator has this site's result (an accepted upload or partial
+  // sum, or it says so when asked again): keep it until the round's
+  // outcome, probing the aggregator meanwhile.
+  void ResultIsIn(Training& task);
   void OnSubmitDone(const Call& call, const event::CallDone& e);
   // Whether this site's asks are liveness probes (training, submitted, or
   // its result is with a reduction chain).

@@ -474,6 +474,7 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   const PermissionDecision& decision = permission.decision;
   reply.set_outcome(decision.outcome);
   reply.set_message(decision.message);
+  reply.set_result_in(decision.code == PermissionCode::kAlreadySubmitted);
   if (decision.outcome == v1::OUTCOME_RETRY) reply.set_retry_after_ms(retry_ms);
   // Taking a slot turns no other request's RETRY into an answer: a status
   // change only.

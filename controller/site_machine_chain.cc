@@ -178,10 +178,7 @@ void SiteMachine::OnChainSubmitDone(const Call& call,
   }
   SWARM_LOG_INFO("round %d: result in the partial sum %s passed on", call.round,
                  call.target);
-  task.chain = Training::InChain::kNo;
-  task.submitted = true;
-  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
-  ScheduleAsk(job_->failover_timeout() / 2);
+  ResultIsIn(task);
 }
 
 absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
@@ -260,13 +257,7 @@ v1::Reply SiteMachine::OnPartialPassedOn(const v1::ModelHeader& header,
     }
     return ReplyFromStatus(status);
   }
-  if (mine) {
-    Training& task = *training_;
-    task.chain = Training::InChain::kNo;
-    task.submitted = true;
-    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
-    if (Active()) ScheduleAsk(job_->failover_timeout() / 2);
-  }
+  if (mine) ResultIsIn(*training_);
   SWARM_LOG_INFO(
       "round %d: added this site's result to the partial sum "
       "from %s; %s took it",

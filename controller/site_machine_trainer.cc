@@ -860,6 +860,13 @@ void SiteMachine::OnPermissionReply(const Call& call,
     Send(task.aggregator, std::move(message), submit, /*retry=*/false);
     return;
   }
+  if (reply.outcome() == v1::OUTCOME_REJECTED && reply.result_in()) {
+    // The answer to its upload or to its partial sum was lost: the result
+    // is in all the same. Kept until the outcome, as after any submission.
+    SWARM_LOG_INFO("round %d: %s has this site's result already (%s)",
+                   task.round, task.aggregator, reply.message());
+    return ResultIsIn(task);
+  }
   if (reply.outcome() != v1::OUTCOME_RETRY) {
     ReportError(absl::StrCat("round ", task.round, ": aggregator ",
                              task.aggregator, " refused the submission"),
@@ -883,6 +890,25 @@ void SiteMachine::OnPermissionReply(const Call& call,
   ScheduleAsk(wait);
 }
 
+void SiteMachine::ResultIsIn(Training& task) {
+  // Kept until the round's outcome arrives; the aggregator is probed
+  // meanwhile, so that its death moves the round to a backup.
+  task.submitted = true;
+  task.chain = Training::InChain::kNo;
+  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+  if (task.aggregator != options_.site) {
+    ScheduleAsk(job_->failover_timeout() / 2);
+    return;
+  }
+  // In this site's own round: there is no other aggregator to resubmit it
+  // to (if this site's round fails, this site has left the job). The held
+  // trainers may go on (OwnResultFirst).
+  if (task.result != nullptr && LeanFor(task.result->total_bytes())) {
+    task.result.reset();
+  }
+  PermissionMayChange();
+}
+
 void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
   if (!training_.has_value() || training_->round != call.round ||
       training_->aggregator != call.target) {
@@ -893,22 +919,7 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
     SWARM_LOG_INFO("round %d: result submitted to %s", call.round, call.target);
-    // Kept until the round's outcome arrives; the aggregator is probed
-    // meanwhile, so that its death moves the round to a backup.
-    task.submitted = true;
-    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
-    if (call.target != options_.site) {
-      ScheduleAsk(job_->failover_timeout() / 2);
-    } else {
-      // In this site's own round: there is no other aggregator to resubmit
-      // it to (if this site's round fails, this site has left the job).
-      // The held trainers may go on (OwnResultFirst).
-      if (task.result != nullptr && LeanFor(task.result->total_bytes())) {
-        task.result.reset();
-      }
-      PermissionMayChange();
-    }
-    return;
+    return ResultIsIn(task);
   }
   ReportError(
       absl::StrCat("round ", call.round, ": submitting to ", call.target),
