@@ -612,6 +612,18 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
     if (e.mapped != nullptr) ReplaceHeldModel(back->second, e.mapped);
     mapping_back_.erase(back);
   }
+  if (auto after = after_global_.find(e.persist);
+      after != after_global_.end()) {
+    AfterGlobal next = std::move(after->second);
+    after_global_.erase(after);
+    // A failed write fails the site below (its trainers fail over). Not
+    // mapped (the driver said why): on with the model in memory, as
+    // without lean memory.
+    if (e.mapped != nullptr) next.model = e.mapped;
+    if (e.status.ok() && Active()) {
+      GoOnAfter(next.round, next.closing, std::move(next.model));
+    }
+  }
   if (auto durable = durable_writes_.find(e.persist);
       durable != durable_writes_.end()) {
     if (e.status.ok()) {

@@ -694,6 +694,9 @@ class SiteMachine {
     Lineage lineage;
     std::string stop_reason;  // Set: finish after this round (early stop).
   };
+  // Scatters the next round of `round`'s aggregate, or finishes the job.
+  void GoOnAfter(uint32_t round, const Closing& closing,
+                 std::shared_ptr<const Model> next);
   std::map<uint32_t, Closing> aggregating_;
   std::optional<Training> training_;
   uint64_t next_training_ = 1;
@@ -751,6 +754,16 @@ class SiteMachine {
   std::map<PersistId, int64_t> durable_writes_;
   // Writes with map_back: the model each wrote (compared, never read).
   std::map<PersistId, const Model*> mapping_back_;
+  // A lean aggregate waiting for its write and mapping before it goes on
+  // (ScatterRound or FinishJob): whatever would hold the model in memory
+  // beside its file (the next round's base, the sends, this site's own
+  // training) holds the mapping instead.
+  struct AfterGlobal {
+    uint32_t round = 0;
+    Closing closing;
+    std::shared_ptr<const Model> model;  // The aggregate in memory.
+  };
+  std::map<PersistId, AfterGlobal> after_global_;
   bool reloaded_ = false;  // This daemon reloaded its job on start.
   Lineage persisted_global_lineage_;
   std::map<RequestId, Held> held_;

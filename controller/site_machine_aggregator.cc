@@ -242,9 +242,11 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   global.round = e.round + 1;
   global.keep_round = job_->config().keep_round_models();
   global.model = next;
-  if (LeanFor(next->total_bytes())) {
+  const bool lean = LeanFor(next->total_bytes());
+  if (lean) {
     global.map_back = true;
     mapping_back_[global.persist] = next.get();
+    after_global_[global.persist] = AfterGlobal{e.round, closing, next};
   }
   global.metadata = next->metadata();
   global.metadata["job"] = job_->id();
@@ -264,13 +266,23 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   // Status says the model is on disk once the state file naming it is.
   durable_writes_[PersistClearOffloadAndState(/*notify=*/true)] =
       persisted_global_round_;
-  if (e.round < job_->last_round() && closing.stop_reason.empty()) {
-    ScatterRound(e.round + 1, std::move(next), closing.best,
-                 Extend(closing.lineage, e.round, closing.attempt));
+  // Lean: on once the aggregate is written and mapped (OnPersistDone). A
+  // model of that size takes a fraction of a second to write to the page
+  // cache; held in memory beside its file for the whole next round, it
+  // would cost one model's size more at this site.
+  if (lean) return;
+  GoOnAfter(e.round, closing, std::move(next));
+}
+
+void SiteMachine::GoOnAfter(uint32_t round, const Closing& closing,
+                            std::shared_ptr<const Model> next) {
+  if (round < job_->last_round() && closing.stop_reason.empty()) {
+    ScatterRound(round + 1, std::move(next), closing.best,
+                 Extend(closing.lineage, round, closing.attempt));
   } else {
     final_attempt_ = closing.attempt;
-    final_chain_ = Extend(closing.lineage, e.round, closing.attempt);
-    FinishJob(e.round, std::move(next), closing.best,
+    final_chain_ = Extend(closing.lineage, round, closing.attempt);
+    FinishJob(round, std::move(next), closing.best,
               closing.stop_reason.empty() ? "done: every round ran"
                                           : closing.stop_reason);
   }

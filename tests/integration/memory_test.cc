@@ -2,15 +2,14 @@
 // over mTLS train a 256 MiB model (one F32 tensor, the test learner) for
 // three rounds with the job's defaults (so lean memory is on: the model is
 // above lean_memory_min_model_bytes). Each daemon's peak resident memory
-// (VmHWM from /proc, read before it stops) must stay within 4 x the model +
-// 100 MiB (1124 MiB), and every site must end with the same best and last
-// models.
+// (VmHWM from /proc, read before it stops) must stay within issue 13's
+// budget, 3 x the model + 100 MiB (868 MiB), and every site must end with
+// the same best and last models.
 //
-// Issue 13's budget is 3 x the model + 100 MiB (868 MiB); the test prints
-// each site against it. This tree meets it on a quiet machine (647-801 MiB
-// in five runs) but not under load: beside the other tests (ctest -j2) one
-// site reached 978 MiB, 3.82 x. So the assertion is the bound that holds,
-// a guard against a return to the 6.3-6.6 x of before lean memory.
+// Measured beside a busy core (as under ctest -j2): 728-809 MiB. Before
+// the aggregate went on as a mapping of its file (it stayed in memory for
+// the whole next round at an aggregator that also gathered that round) and
+// malloc kept to two arenas, up to 1272 MiB.
 //
 // Under a sanitizer the figure measures the sanitizer's shadow memory and
 // quarantine, not Swarm: the test skips, saying so.
@@ -57,7 +56,7 @@ uint64_t PeakResidentBytes(pid_t pid) {
   return 0;
 }
 
-TEST(MemoryTest, ThreeSitesTrainA256MiBModelWithinTheBound) {
+TEST(MemoryTest, ThreeSitesTrainA256MiBModelWithinTheBudget) {
   if (TimeScale() > 1) {
     GTEST_SKIP() << "under a sanitizer, resident memory counts its shadow "
                     "memory and quarantine, not Swarm's buffers";
@@ -94,21 +93,18 @@ TEST(MemoryTest, ThreeSitesTrainA256MiBModelWithinTheBound) {
                static_cast<int>(kModelBytes / kMiB),
                absl::FormatDuration(absl::Now() - started).c_str());
 
-  const uint64_t bound = kModelBytes * 4 + 100 * kMiB;
   const uint64_t budget = kModelBytes * 3 + 100 * kMiB;
   for (const std::string& name : names) {
     const uint64_t peak = PeakResidentBytes(swarm.site(name).process->pid());
     ASSERT_GT(peak, 0u) << "no VmHWM for " << name;
     std::fprintf(stderr,
                  "[ memory ] %s: peak resident %.0f MiB = %.2f x the model "
-                 "(asserted: 4x + 100 MiB = %.0f MiB; issue 13's budget "
-                 "3x + 100 MiB = %.0f MiB: %s)\n",
+                 "(budget 3x + 100 MiB = %.0f MiB: %s)\n",
                  name.c_str(), static_cast<double>(peak) / kMiB,
                  static_cast<double>(peak) / kModelBytes,
-                 static_cast<double>(bound) / kMiB,
                  static_cast<double>(budget) / kMiB,
                  peak <= budget ? "within" : "over");
-    EXPECT_LE(peak, bound) << name << "\n" << swarm.Logs();
+    EXPECT_LE(peak, budget) << name << "\n" << swarm.Logs();
   }
 
   // Lean memory changes how models are held, not what they are.
