@@ -608,10 +608,6 @@ void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
 }
 
 void SiteMachine::OnPersistDone(event::PersistDone& e) {
-  if (auto back = mapping_back_.find(e.persist); back != mapping_back_.end()) {
-    if (e.mapped != nullptr) ReplaceHeldModel(back->second, e.mapped);
-    mapping_back_.erase(back);
-  }
   if (auto after = after_global_.find(e.persist);
       after != after_global_.end()) {
     AfterGlobal next = std::move(after->second);
@@ -619,7 +615,10 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
     // A failed write fails the site below (its trainers fail over). Not
     // mapped (the driver said why): on with the model in memory, as
     // without lean memory.
-    if (e.mapped != nullptr) next.model = e.mapped;
+    if (e.mapped != nullptr) {
+      ReplaceHeldModel(next.model.get(), e.mapped);
+      next.model = e.mapped;
+    }
     if (e.status.ok() && Active()) {
       GoOnAfter(next.round, next.closing, std::move(next.model));
     }

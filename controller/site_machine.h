@@ -752,12 +752,10 @@ class SiteMachine {
   // shows as global_round. The state writes that will make it so.
   int64_t durable_global_round_ = -1;
   std::map<PersistId, int64_t> durable_writes_;
-  // Writes with map_back: the model each wrote (compared, never read).
-  std::map<PersistId, const Model*> mapping_back_;
-  // A lean aggregate waiting for its write and mapping before it goes on
-  // (ScatterRound or FinishJob): whatever would hold the model in memory
-  // beside its file (the next round's base, the sends, this site's own
-  // training) holds the mapping instead.
+  // Writes with map_back: a lean aggregate waiting for its write and
+  // mapping before it goes on (ScatterRound or FinishJob), so that whatever
+  // would hold the model in memory beside its file (the next round's base,
+  // the sends, this site's own training) holds the mapping instead.
   struct AfterGlobal {
     uint32_t round = 0;
     Closing closing;

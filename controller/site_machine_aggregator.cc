@@ -245,7 +245,6 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   const bool lean = LeanFor(next->total_bytes());
   if (lean) {
     global.map_back = true;
-    mapping_back_[global.persist] = next.get();
     after_global_[global.persist] = AfterGlobal{e.round, closing, next};
   }
   global.metadata = next->metadata();
