@@ -133,6 +133,12 @@ void FrameRelay::Deliver(absl::StatusOr<v1::Reply> result) {
 }
 
 FrameRelay::PushResult FrameRelay::Push(const grpc::ByteBuffer& frame) {
+  std::vector<grpc::ByteBuffer> frames;
+  frames.push_back(frame);
+  return Push(std::move(frames));
+}
+
+FrameRelay::PushResult FrameRelay::Push(std::vector<grpc::ByteBuffer> frames) {
   grpc::ByteBuffer next;
   bool writes_done = false;
   PushResult result;
@@ -140,7 +146,8 @@ FrameRelay::PushResult FrameRelay::Push(const grpc::ByteBuffer& frame) {
   {
     absl::MutexLock lock(&mu_);
     if (ended_ || closed_ || call_ == nullptr) return kEnded;
-    queue_.push_back(frame);
+    if (frames.empty()) return kQueued;
+    for (grpc::ByteBuffer& frame : frames) queue_.push_back(std::move(frame));
     if (!TakeNextWrite(&next, &writes_done)) next.Clear();
     call = call_;
     result = queue_.size() >= max_queued_ ? kFull : kQueued;

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -70,6 +71,11 @@ class FrameRelay : public std::enable_shared_from_this<FrameRelay> {
 
   // Queues `frame` (a copy shares its slices) to go after the ones before.
   PushResult Push(const grpc::ByteBuffer& frame);
+  // Queues `frames` in order, as one step: kFull at most once for all of
+  // them, so `on_room` runs at most once for the batch. (Pushing them one
+  // by one could report kFull twice: `on_room` may run between the two,
+  // and then once more.) An empty batch is kQueued, or kEnded.
+  PushResult Push(std::vector<grpc::ByteBuffer> frames);
   // Every frame was pushed: the stream is closed after the last one.
   void Close();
   // The incoming stream broke: the forward is cancelled.

@@ -151,6 +151,44 @@ TEST_F(FrameRelayTest, ForwardsEveryFrameInOrderAndReturnsTheReply) {
   EXPECT_EQ(relay->Push(Frame("late")), FrameRelay::kEnded);
 }
 
+// A chain hop pushes what one incoming frame produced as one batch: a full
+// queue is reported once for the batch, so on_room runs once and the hop
+// reads on once (two reads at once fed a chunk twice).
+TEST_F(FrameRelayTest, ABatchIsReportedFullOnceAndWakesThePusherOnce) {
+  Outcome outcome;
+  FrameRelay::Options options;
+  options.max_queued_frames = 2;
+  std::shared_ptr<FrameRelay> relay = Start(channel_.get(), &outcome, options);
+  int full = 0;
+  int sent = 0;
+  for (int batch = 0; batch < 100; ++batch) {
+    std::vector<grpc::ByteBuffer> frames;
+    for (int i = 0; i < 3; ++i)
+      frames.push_back(Frame(absl::StrCat("f", sent++)));
+    const FrameRelay::PushResult pushed = relay->Push(std::move(frames));
+    ASSERT_NE(pushed, FrameRelay::kEnded);
+    if (pushed == FrameRelay::kFull) {
+      ++full;
+      const absl::Time until = absl::Now() + absl::Seconds(10);
+      while (outcome.rooms.load() < full && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_EQ(outcome.rooms.load(), full) << "no room after a full queue";
+    }
+  }
+  EXPECT_EQ(relay->Push(std::vector<grpc::ByteBuffer>()), FrameRelay::kQueued);
+  relay->Close();
+  ASSERT_TRUE(outcome.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(outcome.reply.ok()) << outcome.reply.status();
+  // Three frames against room for two: every batch filled the queue, and
+  // each was answered by exactly one on_room.
+  EXPECT_EQ(full, 100);
+  EXPECT_EQ(outcome.rooms.load(), full);
+  const std::vector<std::string> frames = hop_.frames();
+  ASSERT_EQ(frames.size(), 301u);
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(frames[i + 1], absl::StrCat("f", i));
+}
+
 TEST_F(FrameRelayTest, ANextHopThatStopsReadingIsGivenUpAfterTheStall) {
   hop_.set_freeze(true);
   Outcome outcome;

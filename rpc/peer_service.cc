@@ -471,8 +471,17 @@ class PeerService::UploadCall final
         "SubmitResult", ForwardContext(header), EncodeHeaderFrame(hop.onward),
         std::move(options), service_->watchdog_.get(),
         [this] {
-          // Room again: read on, unless the room is the trailer's (the
-          // incoming stream is over).
+          // Room again: read on if OnHopRead paused (else it has not got
+          // that far yet, and reads on itself), unless the room is the
+          // trailer's (the incoming stream is over).
+          {
+            absl::MutexLock lock(&hop_mu_);
+            if (!hop_paused_) {
+              hop_room_ = true;
+              return;
+            }
+            hop_paused_ = false;
+          }
           if (!hop_read_done_.load()) ReadHop();
         },
         [shared](absl::StatusOr<v1::Reply> reply) {
@@ -501,10 +510,20 @@ class PeerService::UploadCall final
     StartRead(&frame_);
   }
 
-  // Pausing on purpose (the next hop's queue is full): not idle.
-  void PauseHopReads() {
+  // The next hop's queue is full: reading pauses until the relay's on_room,
+  // which runs on another thread, maybe before this is called. Returns
+  // whether to read on now (the room came already).
+  bool PauseHopReads() {
+    absl::MutexLock lock(&hop_mu_);
+    if (hop_room_) {
+      hop_room_ = false;
+      return true;
+    }
+    hop_paused_ = true;
+    // Pausing on purpose: not idle.
     service_->watchdog_->Watch(context_, hop_stream_deadline_);
     idle_armed_ = false;
+    return false;
   }
 
   void OnHopRead(bool ok) {
@@ -528,12 +547,14 @@ class PeerService::UploadCall final
       hop_pending_.clear();
       return HopDone(shared_, fed, std::nullopt);
     }
-    bool full = false;
-    for (const grpc::ByteBuffer& frame : hop_pending_) {
-      full = relay_->Push(frame) == FrameRelay::kFull || full;
+    // Taken out before the push: once it reports the queue full, on_room
+    // may read on from another thread, whose frames go into hop_pending_.
+    std::vector<grpc::ByteBuffer> frames;
+    frames.swap(hop_pending_);
+    if (relay_->Push(std::move(frames)) == FrameRelay::kFull &&
+        !PauseHopReads()) {
+      return;  // The relay's on_room reads on.
     }
-    hop_pending_.clear();
-    if (full) return PauseHopReads();  // The relay's on_room reads on.
     ReadHop();
   }
 
@@ -770,6 +791,14 @@ class PeerService::UploadCall final
   bool hop_ = false;
   std::atomic<bool> hop_read_done_{false};
   bool idle_watch_ = false;
+  // Backpressure on a hop: after a push that found the next hop's queue
+  // full, exactly one of OnHopRead (hop_room_ set: the room came first) and
+  // the relay's on_room (hop_paused_ set: OnHopRead paused first) starts
+  // the next read. Two reads at once fed one chunk twice and raced on
+  // hop_pending_.
+  absl::Mutex hop_mu_;
+  bool hop_paused_ ABSL_GUARDED_BY(hop_mu_) = false;
+  bool hop_room_ ABSL_GUARDED_BY(hop_mu_) = false;
   // ReadHop's last arming of the idle watch (reactor and on_room threads
   // take turns: a read is never started from both at once).
   bool idle_armed_ = false;
