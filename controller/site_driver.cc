@@ -12,7 +12,9 @@
 #include "common/logging.h"
 #include "common/storage_error.h"
 #include "config/job_config.h"
+#include "controller/admission.h"
 #include "controller/replies.h"
+#include "model/model.h"
 #include "model/weight_diff.h"
 
 namespace swarm {
@@ -242,10 +244,14 @@ void SiteDriver::Carry(Effects& effects) {
       transport_->PrepareForJob(prepare->job);
     } else if (std::holds_alternative<effect::StatusChanged>(effect)) {
       std::vector<std::function<void()>> waiters;
+      bool ended = false;
       {
         absl::MutexLock lock(&mu_);
         waiters.swap(status_waiters_);
+        ended = IsTerminal(machine_.Status().status().state());
       }
+      // The job's model buffers kept for reuse are given back once it ends.
+      if (ended) ReleaseIdleHeapStorage();
       for (auto& waiter : waiters) runner_->Post(std::move(waiter));
     }
     // Persist effects were queued in Feed.

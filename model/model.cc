@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -116,43 +118,68 @@ v1::TensorInfo TensorSpecToInfo(const TensorSpec& spec) {
 
 namespace {
 
-// Idle blocks of freed HeapStorage, by mapped size.
+// Idle blocks of freed HeapStorage, by mapped size, for the next block of
+// the same size: a site receives, trains and aggregates models of one size
+// round after round, and a fresh block costs a page fault and a page clear
+// per page (on this kind of virtual machine the largest single cost of
+// receiving a model on loopback).
+//
+// The pool never makes the process map more model memory than it had in
+// use at once (`peak_live_`): before a fresh block is mapped, idle blocks
+// are unmapped until the live blocks, the idle ones and the new one fit in
+// the larger of that peak and what is live with the new block. So the
+// process's peak resident memory is what it would be without the pool; the
+// pool only keeps pages that were recently in use from being given back
+// and cleared again.
 class StoragePool {
  public:
   static StoragePool& Get() {
     static StoragePool* pool = new StoragePool;
     return *pool;
   }
-  // A block of exactly `mapped_size` bytes, or nullptr.
-  char* Take(uint64_t mapped_size) {
+
+  // A block of exactly `mapped_size` bytes, counted live, or nullptr: then
+  // `*unmap` holds idle blocks the caller must unmap before it maps a fresh
+  // block of that size, which is counted live.
+  char* Take(uint64_t mapped_size,
+             std::vector<std::pair<uint64_t, char*>>* unmap) {
     absl::MutexLock lock(&mu_);
+    live_bytes_ += mapped_size;
     auto it = idle_.find(mapped_size);
-    if (it == idle_.end()) return nullptr;
-    char* block = it->second;
-    idle_.erase(it);
-    idle_bytes_ -= mapped_size;
-    return block;
-  }
-  // Keeps `block` if the pool has room; else returns false. The pool keeps
-  // one idle block, the largest offered: a smaller one it held is unmapped.
-  bool Give(char* block, uint64_t mapped_size) {
-    std::pair<uint64_t, char*> dropped{0, nullptr};
-    {
-      absl::MutexLock lock(&mu_);
-      if (mapped_size > limit_) return false;
-      if (!idle_.empty()) {
-        auto held = idle_.begin();
-        if (held->first >= mapped_size) return false;
-        dropped = *held;
-        idle_.erase(held);
-        idle_bytes_ -= dropped.first;
-      }
-      idle_.emplace(mapped_size, block);
-      idle_bytes_ += mapped_size;
+    if (it != idle_.end()) {
+      char* block = it->second;
+      idle_.erase(it);
+      idle_bytes_ -= mapped_size;
+      return block;
     }
-    if (dropped.second != nullptr) munmap(dropped.second, dropped.first);
+    const uint64_t allowed = std::max(peak_live_, live_bytes_);
+    while (!idle_.empty() && live_bytes_ + idle_bytes_ > allowed) {
+      auto largest = std::prev(idle_.end());
+      unmap->push_back(*largest);
+      idle_bytes_ -= largest->first;
+      idle_.erase(largest);
+    }
+    peak_live_ = allowed;
+    return nullptr;
+  }
+
+  // `block` is no longer in use. Keeps it if the pool has room (returns
+  // true); else the caller unmaps it.
+  bool Give(char* block, uint64_t mapped_size) {
+    absl::MutexLock lock(&mu_);
+    live_bytes_ -= mapped_size;
+    if (idle_bytes_ + mapped_size > limit_) return false;
+    idle_.emplace(mapped_size, block);
+    idle_bytes_ += mapped_size;
     return true;
   }
+
+  // A block Take counted live was never mapped.
+  void Forget(uint64_t mapped_size) {
+    absl::MutexLock lock(&mu_);
+    live_bytes_ -= mapped_size;
+  }
+
   void SetLimit(uint64_t bytes) {
     std::vector<std::pair<uint64_t, char*>> released;
     {
@@ -160,13 +187,25 @@ class StoragePool {
       limit_ = bytes;
       while (idle_bytes_ > limit_ && !idle_.empty()) {
         auto it = std::prev(idle_.end());
-        released.emplace_back(it->first, it->second);
+        released.push_back(*it);
         idle_bytes_ -= it->first;
         idle_.erase(it);
       }
     }
     for (auto& [size, block] : released) munmap(block, size);
   }
+
+  void ReleaseIdle() {
+    std::multimap<uint64_t, char*> released;
+    {
+      absl::MutexLock lock(&mu_);
+      released.swap(idle_);
+      idle_bytes_ = 0;
+      peak_live_ = live_bytes_;
+    }
+    for (auto& [size, block] : released) munmap(block, size);
+  }
+
   uint64_t idle_bytes() {
     absl::MutexLock lock(&mu_);
     return idle_bytes_;
@@ -174,13 +213,13 @@ class StoragePool {
 
  private:
   absl::Mutex mu_;
-  // At most one block: the next model of its size (a site receives one per
-  // round) takes it. So the pool holds at most one model's worth, not a
-  // share of the RAM, and a site's memory budget counts it as one buffer.
   std::multimap<uint64_t, char*> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // A quarter of physical memory: enough to keep a large model's buffers
-  // from one round to the next.
+  // Bytes of pooled-size blocks in use, and the most in use at once since
+  // the last ReleaseIdle.
+  uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_live_ ABSL_GUARDED_BY(mu_) = 0;
+  // At most this many idle bytes (a quarter of physical memory unless set).
   uint64_t limit_ ABSL_GUARDED_BY(mu_) =
       static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) /
       4;
@@ -198,6 +237,8 @@ void SetHeapStorageRecycleLimit(uint64_t bytes) {
 
 uint64_t HeapStorageRecycledBytes() { return StoragePool::Get().idle_bytes(); }
 
+void ReleaseIdleHeapStorage() { StoragePool::Get().ReleaseIdle(); }
+
 absl::StatusOr<std::shared_ptr<HeapStorage>> HeapStorage::Allocate(
     uint64_t size, Init init) {
   if (size == 0) {
@@ -210,7 +251,9 @@ absl::StatusOr<std::shared_ptr<HeapStorage>> HeapStorage::Allocate(
       RoundUp(size, size >= kHugePageThreshold ? kHugePageSize : 4096);
   char* data = nullptr;
   if (mapped_size >= kMinRecycledBytes) {
-    data = StoragePool::Get().Take(mapped_size);
+    std::vector<std::pair<uint64_t, char*>> unmap;
+    data = StoragePool::Get().Take(mapped_size, &unmap);
+    for (auto& [idle_size, block] : unmap) munmap(block, idle_size);
     if (data != nullptr && init == Init::kZeroed) {
       std::memset(data, 0, size);
     }
@@ -219,6 +262,9 @@ absl::StatusOr<std::shared_ptr<HeapStorage>> HeapStorage::Allocate(
     void* fresh = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (fresh == MAP_FAILED) {
+      if (mapped_size >= kMinRecycledBytes) {
+        StoragePool::Get().Forget(mapped_size);  // Not live after all.
+      }
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", size,
                        " bytes for a model: ", std::strerror(errno)));

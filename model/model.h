@@ -62,12 +62,14 @@ class ModelStorage {
 // Anonymous memory (mmap), with transparent huge pages requested for large
 // blocks. Not copyable.
 //
-// Freed blocks of at least kMinRecycledBytes go to a process-wide pool (one
-// idle block in all, the largest freed, within SetHeapStorageRecycleLimit)
-// and are handed out again for the same rounded size: a site receives a
-// model of the same size every round,
-// and fresh memory costs a page fault and a page clear per 2 MiB / 4 KiB,
-// which at loopback speeds is a large share of a transfer.
+// Freed blocks of at least kMinRecycledBytes go to a process-wide pool and
+// are handed out again for the same rounded size: a site receives, trains
+// and aggregates models of one size round after round, and fresh memory
+// costs a page fault and a page clear per 2 MiB / 4 KiB, which at loopback
+// speeds is a large share of a transfer. The pool never lets the process
+// map more of these blocks than it had in use at once (idle blocks are
+// unmapped before a fresh one would exceed that), so it does not raise a
+// site's peak memory; within SetHeapStorageRecycleLimit.
 class HeapStorage final : public ModelStorage {
  public:
   static constexpr uint64_t kMinRecycledBytes = 1ull << 20;
@@ -127,6 +129,9 @@ class ScratchFileStorage final : public ModelStorage {
 void SetHeapStorageRecycleLimit(uint64_t bytes);
 // Bytes currently idle in the pool (for tests and status).
 uint64_t HeapStorageRecycledBytes();
+// Unmaps every idle block (a job ended: its models' sizes may not come
+// again) and starts the pool's count of the most in use at once afresh.
+void ReleaseIdleHeapStorage();
 
 class Model {
  public:

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "model/test_models.h"
@@ -33,6 +35,7 @@ TEST(ModelTest, CreateAlignsAndZeroes) {
 }
 
 TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
+  ReleaseIdleHeapStorage();
   const std::vector<TensorSpec> specs = {
       *MakeTensorSpec("w", v1::DTYPE_F32, {3, 1 << 20})};  // 12 MiB
   const char* first = nullptr;
@@ -41,28 +44,54 @@ TEST(ModelTest, FreedStorageIsRecycledAndZeroedOnRequest) {
     first = model.tensor_data(0).data();
     std::memset(model.mutable_tensor_data(0).data(), 0x5a, 1000);
   }
-  EXPECT_GE(HeapStorageRecycledBytes(), 12u << 20);
+  EXPECT_EQ(HeapStorageRecycledBytes(), 12u << 20);
   Model again = *Model::Create(specs);
   EXPECT_EQ(again.tensor_data(0).data(), first);  // the same block, reused
+  EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
   for (char c : again.tensor_data(0).substr(0, 1000)) ASSERT_EQ(c, 0);
-  // One idle block in all: a second freed block of that size is unmapped.
+}
+
+// The pool keeps what was in use at once, and never maps more than that:
+// a site's peak memory is what it would be without the pool.
+TEST(ModelTest, ThePoolNeverMapsMoreThanWasInUseAtOnce) {
+  ReleaseIdleHeapStorage();
+  const std::vector<TensorSpec> specs = {
+      *MakeTensorSpec("w", v1::DTYPE_F32, {3, 1 << 20})};  // 12 MiB
+  std::set<const char*> blocks;
   {
     Model a = *Model::Create(specs);
     Model b = *Model::Create(specs);
+    blocks = {a.tensor_data(0).data(), b.tensor_data(0).data()};
   }
-  EXPECT_EQ(HeapStorageRecycledBytes(), 12u << 20);
-  // A larger freed block replaces it; a smaller one is not kept.
+  EXPECT_EQ(HeapStorageRecycledBytes(), 24u << 20);  // both kept
+  {
+    Model a = *Model::Create(specs);
+    Model b = *Model::Create(specs);
+    EXPECT_EQ(blocks.count(a.tensor_data(0).data()), 1u);
+    EXPECT_EQ(blocks.count(b.tensor_data(0).data()), 1u);
+    EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
+  }
+  // A 16 MiB block while 24 MiB are idle and 24 MiB were the most in use:
+  // both idle blocks are unmapped first (one would make 28 MiB).
   const std::vector<TensorSpec> larger = {
       *MakeTensorSpec("w", v1::DTYPE_F32, {4, 1 << 20})};  // 16 MiB
-  { Model big = *Model::Create(larger); }
+  {
+    Model big = *Model::Create(larger);
+    EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
+  }
   EXPECT_EQ(HeapStorageRecycledBytes(), 16u << 20);
-  { Model small = *Model::Create(specs); }
-  EXPECT_EQ(HeapStorageRecycledBytes(), 16u << 20);
+  // Within the most in use (24 MiB): a 12 MiB block is mapped beside the
+  // idle 16 MiB one only after that one is unmapped (12 + 16 > 24).
+  {
+    Model small = *Model::Create(specs);
+    EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
+  }
   SetHeapStorageRecycleLimit(0);
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);
   { Model dropped = *Model::Create(specs); }
   EXPECT_EQ(HeapStorageRecycledBytes(), 0u);  // limit 0: nothing kept
   SetHeapStorageRecycleLimit(1ull << 30);
+  ReleaseIdleHeapStorage();
 }
 
 // Resident pages of this process (/proc/self/statm), in bytes.
