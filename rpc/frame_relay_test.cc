@@ -115,6 +115,16 @@ class FrameRelayTest : public ::testing::Test {
         });
   }
 
+  // The pusher waits for room, as the receiving call does: true once
+  // on_room ran `rooms` times in all (within 10 s).
+  static bool WaitForRooms(Outcome* outcome, int rooms) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (outcome->rooms.load() < rooms && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return outcome->rooms.load() == rooms;
+  }
+
   NextHop hop_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -132,12 +142,7 @@ TEST_F(FrameRelayTest, ForwardsEveryFrameInOrderAndReturnsTheReply) {
     ASSERT_NE(pushed, FrameRelay::kEnded);
     if (pushed == FrameRelay::kFull) {
       ++full;
-      // The pusher waits for room, as the receiving call does.
-      const absl::Time until = absl::Now() + absl::Seconds(10);
-      while (outcome.rooms.load() < full && absl::Now() < until) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      ASSERT_EQ(outcome.rooms.load(), full) << "no room after a full queue";
+      ASSERT_TRUE(WaitForRooms(&outcome, full)) << "no room after a full queue";
     }
   }
   relay->Close();
@@ -169,11 +174,7 @@ TEST_F(FrameRelayTest, ABatchIsReportedFullOnceAndWakesThePusherOnce) {
     ASSERT_NE(pushed, FrameRelay::kEnded);
     if (pushed == FrameRelay::kFull) {
       ++full;
-      const absl::Time until = absl::Now() + absl::Seconds(10);
-      while (outcome.rooms.load() < full && absl::Now() < until) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      ASSERT_EQ(outcome.rooms.load(), full) << "no room after a full queue";
+      ASSERT_TRUE(WaitForRooms(&outcome, full)) << "no room after a full queue";
     }
   }
   EXPECT_EQ(relay->Push(std::vector<grpc::ByteBuffer>()), FrameRelay::kQueued);
@@ -207,11 +208,7 @@ TEST_F(FrameRelayTest, ANextHopThatStopsReadingIsGivenUpAfterTheStall) {
     pushed = relay->Push(Frame(big));
     if (pushed == FrameRelay::kFull) {
       ++full;
-      const absl::Time until = absl::Now() + absl::Seconds(10);
-      while (outcome.rooms.load() < full && absl::Now() < until) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      ASSERT_EQ(outcome.rooms.load(), full) << "the pusher was never woken";
+      ASSERT_TRUE(WaitForRooms(&outcome, full)) << "the pusher was never woken";
     }
   }
   EXPECT_EQ(pushed, FrameRelay::kEnded) << "the frozen hop was not given up";
