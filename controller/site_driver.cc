@@ -248,7 +248,7 @@ void SiteDriver::Carry(Effects& effects) {
       {
         absl::MutexLock lock(&mu_);
         waiters.swap(status_waiters_);
-        ended = IsTerminal(machine_.Status().status().state());
+        ended = IsTerminal(machine_.record().state);
       }
       // The job's model buffers kept for reuse are given back once it ends.
       if (ended) ReleaseIdleHeapStorage();
