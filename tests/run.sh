@@ -121,7 +121,7 @@ TSAN_TARGETS="fedavg_test coordinate_aggregator_test aggregator_test \
 # stage's own level: Release -O3 as users build it; -O1 under ASan, the level
 # its documentation recommends. Measured on the 2-core machine: the ASan
 # build took 936 s at -O2 everywhere, 506 s so. The tests' code also shares
-# one precompiled header (SWARM_TEST_PCH in CMakeLists.txt).
+# precompiled headers (SWARM_PCH in CMakeLists.txt).
 echo "=== [release] configure + build"
 configure_and_build release "" -DCMAKE_BUILD_TYPE=Release \
   -DSWARM_TEST_CODE_OPTIMIZATION=-O1

@@ -11,7 +11,7 @@ BUILD="$ROOT/build/fuzz"
 
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSWARM_BUILD_FUZZ=ON \
   -DSWARM_SANITIZE_ADDRESS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DSWARM_BUILD_TESTS=OFF -DSWARM_BUILD_BENCH=OFF >/dev/null
+  -DSWARM_BUILD_TESTS=OFF -DSWARM_BUILD_BENCH=OFF -DSWARM_PCH=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target safetensors_fuzz assembler_fuzz job_config_fuzz
 
 # The targets run side by side (each single-threaded; on two cores three
