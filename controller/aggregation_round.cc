@@ -56,10 +56,13 @@ absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
   // that need every result at the end (median, trimmed mean).
   const bool offload = config.disk_offload() ||
                        config.aggregation_method() != v1::AGGREGATION_FEDAVG;
+  AggregatorOptions aggregator_options = AggregatorOptions::FromJobConfig(
+      config, offload ? offload_dir : std::string());
+  // The job's folder holds the offload folder from configure on
+  // (persist::Workspace): no I/O here.
+  aggregator_options.make_offload_dir = false;
   absl::StatusOr<std::unique_ptr<Aggregator>> aggregator =
-      Aggregator::Create(AggregatorOptions::FromJobConfig(
-                             config, offload ? offload_dir : std::string()),
-                         base);
+      Aggregator::Create(std::move(aggregator_options), base);
   if (!aggregator.ok()) return aggregator.status();
   return std::unique_ptr<AggregationRound>(new AggregationRound(
       std::move(options), MetricComparator(config.metric_direction()),
@@ -175,19 +178,9 @@ AggregationRound::ResultStart AggregationRound::BeginPartialSum(
   return start;
 }
 
-AggregationRound::ResultEnd AggregationRound::CompletePartialSum(
-    const v1::ModelHeader& header,
-    const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
+AggregationRound::ResultEnd AggregationRound::ConcludePartialSum(
+    const v1::ModelHeader& header, const absl::Status& added, absl::Time now) {
   ResultEnd end;
-  std::vector<Aggregator::PartialTerm> terms;
-  for (const v1::Contribution& contribution : header.contributions()) {
-    terms.push_back({static_cast<int64_t>(contribution.sample_count()),
-                     contribution.payload_kind()});
-  }
-  const double scale = header.partial_scale() == 0 ? 1 : header.partial_scale();
-  absl::Status added = model.ok()
-                           ? aggregator_->AddPartialSum(**model, scale, terms)
-                           : model.status();
   if (!added.ok()) {
     for (const v1::Contribution& contribution : header.contributions()) {
       gatherer_.FailResult(contribution.site(), added.message(), now);
@@ -254,11 +247,17 @@ AggregationRound::ResultStart AggregationRound::BeginResult(
   return start;
 }
 
-AggregationRound::ResultEnd AggregationRound::CompleteResult(
+absl::Status AggregationRound::AddJob::Run() const {
+  if (partial) return aggregator->AddPartialSum(*model, scale, terms);
+  return aggregator->Add(*model, sample_count, kind);
+}
+
+std::variant<AggregationRound::AddJob, AggregationRound::ResultEnd>
+AggregationRound::ReceiveResult(
     const v1::ModelHeader& header,
     const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
-  ResultEnd end;
   if (gatherer_.closed()) {
+    ResultEnd end;
     ++rejected_;
     end.reply =
         MakeReply(v1::OUTCOME_REJECTED,
@@ -267,14 +266,52 @@ AggregationRound::ResultEnd AggregationRound::CompleteResult(
     end.report = gatherer_.CheckDone(now);
     return end;
   }
+  if (!model.ok()) return Conclude(header, model.status(), now);
   if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
-    return CompletePartialSum(header, model, now);
+    for (const v1::Contribution& contribution : header.contributions()) {
+      gatherer_.BodyReceived(contribution.site());
+    }
+  } else {
+    gatherer_.BodyReceived(header.sender());
   }
-  absl::Status added =
-      model.ok() ? aggregator_->Add(**model,
-                                    static_cast<int64_t>(header.sample_count()),
-                                    header.payload_kind())
-                 : model.status();
+  AddJob job;
+  job.aggregator = aggregator_;
+  job.model = *model;
+  job.sample_count = static_cast<int64_t>(header.sample_count());
+  job.kind = header.payload_kind();
+  if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    job.partial = true;
+    job.scale = header.partial_scale() == 0 ? 1 : header.partial_scale();
+    for (const v1::Contribution& contribution : header.contributions()) {
+      job.terms.push_back({static_cast<int64_t>(contribution.sample_count()),
+                           contribution.payload_kind()});
+    }
+  }
+  ++pending_adds_;
+  return job;
+}
+
+AggregationRound::ResultEnd AggregationRound::FinishResult(
+    const v1::ModelHeader& header, const absl::Status& added, absl::Time now) {
+  --pending_adds_;
+  return Conclude(header, added, now);
+}
+
+AggregationRound::ResultEnd AggregationRound::CompleteResult(
+    const v1::ModelHeader& header,
+    const absl::StatusOr<std::shared_ptr<const Model>>& model, absl::Time now) {
+  auto received = ReceiveResult(header, model, now);
+  if (auto* end = std::get_if<ResultEnd>(&received)) return std::move(*end);
+  const AddJob& job = std::get<AddJob>(received);
+  return FinishResult(header, job.Run(), now);
+}
+
+AggregationRound::ResultEnd AggregationRound::Conclude(
+    const v1::ModelHeader& header, const absl::Status& added, absl::Time now) {
+  if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    return ConcludePartialSum(header, added, now);
+  }
+  ResultEnd end;
   if (!added.ok()) {
     gatherer_.FailResult(header.sender(), added.message(), now);
     ++rejected_;

@@ -8,13 +8,18 @@
 // the caller stops feeding the round and finishes it (Close()).
 //
 // NOT thread-safe and never blocks on the network: the caller serializes all
-// calls (its mutex) and passes the time. Aggregator::Add on a result, which
-// the caller's lock covers, is the one costly call (a pass over the model).
+// calls (its mutex) and passes the time. The costly work (folding a result
+// into the aggregate, a pass over the model; the aggregate itself) is handed
+// out as AddJob and Aggregate() for the caller to run outside its lock.
 //
 // Caller's obligations (the Gatherer's, restated for this pairing):
 // - Every BeginResult() that returns a sink (or a header-only acceptance) is
-//   followed by exactly one CompleteResult() for that header.
-// - Once a report says done, call Close() and drop the round.
+//   followed by exactly one CompleteResult(), or by one ReceiveResult() and,
+//   when that returns an AddJob, one FinishResult() with the job's status.
+// - AddJobs of one round, and then its Aggregate(), run one at a time, in
+//   the order they were handed out (one worker per site does).
+// - Once a report says done and no add is pending (pending_adds()), close
+//   the round (Judge, Aggregate) and drop it.
 #ifndef SWARM_CONTROLLER_AGGREGATION_ROUND_H_
 #define SWARM_CONTROLLER_AGGREGATION_ROUND_H_
 
@@ -22,6 +27,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -116,8 +123,34 @@ class AggregationRound {
     absl::Status refused;
     RoundReport report;
   };
+  // Folding one result (or a chain's partial sum) into the round's
+  // aggregate: a pass over the model, for the caller to run outside its
+  // lock. `aggregator` is shared with the round; see the obligations above.
+  struct AddJob {
+    std::shared_ptr<Aggregator> aggregator;
+    std::shared_ptr<const Model> model;
+    int64_t sample_count = 0;
+    v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+    // A partial sum: `model` is `scale` times the weighted sum of `terms`.
+    bool partial = false;
+    double scale = 1;
+    std::vector<Aggregator::PartialTerm> terms;
+    // On any error the aggregate is unchanged.
+    absl::Status Run() const;
+  };
   // The body of a result BeginResult() let in: `model` is what the sink
-  // assembled, or why assembly failed.
+  // assembled, or why assembly failed. Either the result ends now (refused,
+  // or the round closed), or it is to be added: run the job, then call
+  // FinishResult with its status.
+  std::variant<AddJob, ResultEnd> ReceiveResult(
+      const v1::ModelHeader& header,
+      const absl::StatusOr<std::shared_ptr<const Model>>& model,
+      absl::Time now);
+  ResultEnd FinishResult(const v1::ModelHeader& header,
+                         const absl::Status& added, absl::Time now);
+  // Adds handed out and not finished.
+  int pending_adds() const { return pending_adds_; }
+  // ReceiveResult, the job and FinishResult at once, in the caller's thread.
   ResultEnd CompleteResult(
       const v1::ModelHeader& header,
       const absl::StatusOr<std::shared_ptr<const Model>>& model,
@@ -159,10 +192,11 @@ class AggregationRound {
 
  private:
   ResultStart BeginPartialSum(const v1::ModelHeader& header, absl::Time now);
-  ResultEnd CompletePartialSum(
-      const v1::ModelHeader& header,
-      const absl::StatusOr<std::shared_ptr<const Model>>& model,
-      absl::Time now);
+  // The gatherer's part of a result's end, once added (or not).
+  ResultEnd Conclude(const v1::ModelHeader& header, const absl::Status& added,
+                     absl::Time now);
+  ResultEnd ConcludePartialSum(const v1::ModelHeader& header,
+                               const absl::Status& added, absl::Time now);
 
   AggregationRound(GathererOptions options, MetricComparator comparator,
                    std::shared_ptr<const Model> base,
@@ -170,7 +204,9 @@ class AggregationRound {
 
   Gatherer gatherer_;
   std::shared_ptr<const Model> base_;
-  std::unique_ptr<Aggregator> aggregator_;
+  // Shared with the AddJobs handed out (which may outlive the round).
+  std::shared_ptr<Aggregator> aggregator_;
+  int pending_adds_ = 0;
   // Results in the aggregate, and refused.
   uint64_t accepted_ = 0;
   uint64_t rejected_ = 0;

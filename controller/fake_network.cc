@@ -117,9 +117,16 @@ void FakeNetwork::Partition(std::set<std::string> side) {
   partition_ = std::move(side);
 }
 
+void FakeNetwork::CutLinks(const std::string& site,
+                           const std::set<std::string>& others) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& other : others) cut_.insert({site, other});
+}
+
 void FakeNetwork::Heal() {
   absl::MutexLock lock(&mu_);
   partition_.clear();
+  cut_.clear();
 }
 
 bool FakeNetwork::IsIsolated(const std::string& site) const {
@@ -360,8 +367,11 @@ void FakeNetwork::Deliver(
       answered(std::move(peer));
       return;
     }
-    default:
+    case CallKind::kLearnTask:
+    case CallKind::kSubmitResult:
+    case CallKind::kFinalResult:
       DeliverStream(std::move(call), std::move(answered));
+      return;
   }
 }
 

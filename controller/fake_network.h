@@ -118,7 +118,11 @@ class FakeNetwork {
   // Splits the network in two: calls between a site in `side` and one
   // outside it fail with Unavailable until Heal.
   void Partition(std::set<std::string> side);
-  void Heal();
+  // Cuts the links between `site` and each of `others` (both ways) until
+  // Heal: a cut that is not a partition (a third site may still reach
+  // both sides, as an iptables cut on one host does).
+  void CutLinks(const std::string& site, const std::set<std::string>& others);
+  void Heal();  // Ends the partition and every cut link.
 
   // Applies `fault` to the next `count` matching calls (count < 0: to every
   // one). Rules are tried in the order added; the first that matches wins.
@@ -204,9 +208,11 @@ class FakeNetwork {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> partition_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, std::string>> cut_ ABSL_GUARDED_BY(mu_);
   // REQUIRES: mu_ held. Whether a partition separates `a` and `b`.
   bool Partitioned(const std::string& a, const std::string& b) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cut_.count({a, b}) > 0 || cut_.count({b, a}) > 0) return true;
     return !partition_.empty() &&
            (partition_.count(a) > 0) != (partition_.count(b) > 0);
   }

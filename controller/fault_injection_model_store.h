@@ -82,6 +82,11 @@ class FaultInjectionModelStore final : public ModelStore {
       const std::string& job, uint32_t round) override {
     return base_->LoadRound(job, round);
   }
+  absl::Status SetAsideRound(const std::string& job, uint32_t round,
+                             const std::string& tag) override {
+    if (absl::Status fault = WriteFault(); !fault.ok()) return fault;
+    return base_->SetAsideRound(job, round, tag);
+  }
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
       const std::map<std::string, std::string>& metadata) override {

@@ -1,7 +1,12 @@
 #include "controller/model_store.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "persist/atomic_file.h"
 
 namespace swarm {
 
@@ -96,6 +101,19 @@ absl::StatusOr<std::shared_ptr<const Model>> WorkspaceModelStore::LoadRound(
   return std::make_shared<const Model>(std::move(model));
 }
 
+absl::Status WorkspaceModelStore::SetAsideRound(const std::string& job,
+                                                uint32_t round,
+                                                const std::string& tag) {
+  const std::string from = workspace_.RoundModelPath(job, round);
+  const std::string to = workspace_.DroppedRoundModelPath(job, round, tag);
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("setting aside ", from, " as ", to));
+  }
+  return persist::FsyncDirectory(workspace_.RoundsDir(job));
+}
+
 absl::Status WorkspaceModelStore::SaveFinal(
     const std::string& job, v1::ModelKind kind, const Model& model,
     const std::map<std::string, std::string>& metadata) {
@@ -172,6 +190,16 @@ absl::StatusOr<std::shared_ptr<const Model>> MemoryModelStore::LoadRound(
     return absl::NotFoundError(absl::StrCat("no model of round ", round));
   }
   return it->second;
+}
+
+absl::Status MemoryModelStore::SetAsideRound(const std::string&, uint32_t round,
+                                             const std::string& tag) {
+  absl::MutexLock lock(&mu_);
+  auto it = rounds_.find(round);
+  if (it == rounds_.end()) return absl::OkStatus();
+  set_aside_[{round, tag}] = std::move(it->second);
+  rounds_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::Status MemoryModelStore::SaveFinal(

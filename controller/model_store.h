@@ -51,6 +51,11 @@ class ModelStore {
   // A round's kept global model; NotFound when absent.
   virtual absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) = 0;
+  // Sets round `round`'s kept model aside under `tag` (it is of a chain
+  // that lost): LoadRound no longer finds it. OK when there is none.
+  // Atomic (a rename) and durable (the folder is fsynced) on disk.
+  virtual absl::Status SetAsideRound(const std::string& job, uint32_t round,
+                                     const std::string& tag) = 0;
   // The current global model (SaveGlobal's file) mapped read-only, so that
   // it is held as a file mapping (lean memory). Default: Unimplemented.
   virtual absl::StatusOr<Model> MapGlobal(const std::string& job) {
@@ -87,6 +92,8 @@ class WorkspaceModelStore final : public ModelStore {
       const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
+  absl::Status SetAsideRound(const std::string& job, uint32_t round,
+                             const std::string& tag) override;
   absl::StatusOr<Model> MapGlobal(const std::string& job) override;
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
@@ -118,6 +125,8 @@ class MemoryModelStore final : public ModelStore {
       const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const Model>> LoadRound(
       const std::string& job, uint32_t round) override;
+  absl::Status SetAsideRound(const std::string& job, uint32_t round,
+                             const std::string& tag) override;
   absl::Status SaveFinal(
       const std::string& job, v1::ModelKind kind, const Model& model,
       const std::map<std::string, std::string>& metadata) override;
@@ -136,6 +145,9 @@ class MemoryModelStore final : public ModelStore {
   std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_
       ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<const Model>> rounds_ ABSL_GUARDED_BY(mu_);
+  // Set aside (SetAsideRound): (round, tag) -> model.
+  std::map<std::pair<uint32_t, std::string>, std::shared_ptr<const Model>>
+      set_aside_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swarm

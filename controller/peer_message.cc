@@ -2,21 +2,7 @@
 
 namespace swarm {
 
-absl::string_view CallKindName(CallKind kind) {
-  switch (kind) {
-    case CallKind::kLearnTask:
-      return "LearnTask";
-    case CallKind::kRequestToSubmit:
-      return "RequestToSubmit";
-    case CallKind::kSubmitResult:
-      return "SubmitResult";
-    case CallKind::kShareBest:
-      return "ShareBest";
-    case CallKind::kFinalResult:
-      return "FinalResult";
-  }
-  return "unknown";
-}
+absl::string_view CallKindName(CallKind kind) { return InfoOf(kind).method; }
 
 uint32_t PeerMessage::round() const {
   switch (kind) {
@@ -24,9 +10,12 @@ uint32_t PeerMessage::round() const {
       return permission.round();
     case CallKind::kShareBest:
       return share_best.best().round();
-    default:
+    case CallKind::kLearnTask:
+    case CallKind::kSubmitResult:
+    case CallKind::kFinalResult:
       return header.round();
   }
+  return header.round();
 }
 
 const std::string& PeerMessage::sender() const {
@@ -35,9 +24,12 @@ const std::string& PeerMessage::sender() const {
       return permission.sender();
     case CallKind::kShareBest:
       return share_best.sender();
-    default:
+    case CallKind::kLearnTask:
+    case CallKind::kSubmitResult:
+    case CallKind::kFinalResult:
       return header.sender();
   }
+  return header.sender();
 }
 
 }  // namespace swarm

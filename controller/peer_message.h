@@ -4,7 +4,9 @@
 #ifndef SWARM_CONTROLLER_PEER_MESSAGE_H_
 #define SWARM_CONTROLLER_PEER_MESSAGE_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -16,6 +18,19 @@
 namespace swarm {
 
 // The calls between sites.
+//
+// Adding a kind (raft's raft.proto note, its util.go tables): add it here
+// and its row to kCallKinds (a static_assert below fails until they agree),
+// then handle it in each `switch (kind)` over CallKind, none of which has a
+// `default:` (the build has -Werror=switch, so a missed one fails it):
+//   controller/peer_message.cc   PeerMessage::round, sender
+//   controller/site_driver.cc    SiteDriver::Loopback (the site to itself)
+//   controller/fake_network.cc   FakeNetwork::Deliver (the simulations)
+//   rpc/peer_client.cc           GrpcPeerTransport::SendUnary (unary kinds)
+//   rpc/peer_service.cc          the service's method (and its rule)
+//   cli/metered_transport.cc     the metrics label
+// plus the machine's sender and handler of the new kind. A model stream
+// kind also needs its ModelKind in AdmitStream (controller/admission.cc).
 enum class CallKind {
   kLearnTask,
   kRequestToSubmit,
@@ -23,6 +38,48 @@ enum class CallKind {
   kShareBest,
   kFinalResult,
 };
+
+// How a kind of call travels and is answered.
+enum class CallShape {
+  kModelStream,  // Header, chunks, trailer (ModelFrame); answered by Reply.
+  kUnary,        // One request, one reply.
+};
+struct CallKindInfo {
+  CallKind kind;
+  // The Peer service's method (proto/swarm.proto), also the call's name in
+  // logs and errors.
+  const char* method;
+  CallShape shape;
+  // Answered by SubmitPermissionReply (PeerReply.permission), else Reply.
+  bool permission_reply;
+  // Who may make the call (checked by the receiving site against the
+  // caller's certificate and the job).
+  const char* who_may_call;
+};
+inline constexpr CallKindInfo kCallKinds[] = {
+    {CallKind::kLearnTask, "LearnTask", CallShape::kModelStream, false,
+     "the round's scatterer, a trainer handing the round over"},
+    {CallKind::kRequestToSubmit, "RequestToSubmit", CallShape::kUnary, true,
+     "a trainer of the job"},
+    {CallKind::kSubmitResult, "SubmitResult", CallShape::kModelStream, false,
+     "a trainer of the job (a result or a chain's partial sum)"},
+    {CallKind::kShareBest, "ShareBest", CallShape::kUnary, false,
+     "the aggregator of the final round"},
+    {CallKind::kFinalResult, "FinalResult", CallShape::kModelStream, false,
+     "the final round's aggregator, or the best model's holder"},
+};
+constexpr bool CallKindsInOrder() {
+  for (size_t i = 0; i < std::size(kCallKinds); ++i) {
+    if (static_cast<size_t>(kCallKinds[i].kind) != i) return false;
+  }
+  return std::size(kCallKinds) ==
+         static_cast<size_t>(CallKind::kFinalResult) + 1;
+}
+static_assert(CallKindsInOrder(),
+              "kCallKinds needs one row per CallKind, in the enum's order");
+constexpr const CallKindInfo& InfoOf(CallKind kind) {
+  return kCallKinds[static_cast<size_t>(kind)];
+}
 absl::string_view CallKindName(CallKind kind);
 
 // A call to another site: a model stream (learn task, result, final model:
@@ -44,8 +101,7 @@ struct PeerMessage {
   absl::Duration relay_stall = absl::ZeroDuration();
 
   bool is_model_stream() const {
-    return kind == CallKind::kLearnTask || kind == CallKind::kSubmitResult ||
-           kind == CallKind::kFinalResult;
+    return InfoOf(kind).shape == CallShape::kModelStream;
   }
   // The round the call is about (a stream's header, a permission request's
   // round, the best record's round for ShareBest).
@@ -61,8 +117,8 @@ struct PeerReply {
 
   // The outcome of whichever reply the kind uses.
   v1::Outcome outcome(CallKind kind) const {
-    return kind == CallKind::kRequestToSubmit ? permission.outcome()
-                                              : reply.outcome();
+    return InfoOf(kind).permission_reply ? permission.outcome()
+                                         : reply.outcome();
   }
 };
 

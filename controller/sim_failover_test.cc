@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "absl/strings/str_join.h"
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
 
@@ -212,6 +213,42 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param), "Sites");
     });
 
+// Every site of `sites` holds BEST and LAST, the same at each.
+void ExpectIdenticalFinals(Sim& sim, const std::vector<int>& sites) {
+  for (v1::ModelKind kind : {v1::MODEL_KIND_BEST, v1::MODEL_KIND_LAST}) {
+    std::shared_ptr<const Model> reference = sim.Final(sites[0], kind);
+    ASSERT_NE(reference, nullptr);
+    for (int i : sites) {
+      std::shared_ptr<const Model> model = sim.Final(i, kind);
+      ASSERT_NE(model, nullptr) << Sim::Name(i);
+      EXPECT_EQ(model->tensor_data(0), reference->tensor_data(0))
+          << Sim::Name(i) << " " << v1::ModelKind_Name(kind);
+    }
+  }
+}
+
+// Every site of `sites` that kept round r's model (keep_round_models) holds
+// the same bits: a kept model of a chain that lost was set aside.
+void ExpectKeptRoundsAgree(Sim& sim, const std::vector<int>& sites) {
+  for (uint32_t r = 1; r <= sim.rounds(); ++r) {
+    std::shared_ptr<const Model> first;
+    std::string holder;
+    for (int i : sites) {
+      absl::StatusOr<std::shared_ptr<const Model>> kept =
+          sim.store(i).LoadRound(kJobId, r);
+      if (!kept.ok()) continue;
+      if (first == nullptr) {
+        first = *kept;
+        holder = Sim::Name(i);
+        continue;
+      }
+      EXPECT_EQ((*kept)->tensor_data(0), first->tensor_data(0))
+          << "round " << r << ": " << Sim::Name(i) << " and " << holder
+          << " kept different models";
+    }
+  }
+}
+
 TEST(SimTest, PartitionThatLetsTwoSitesAggregateOneRoundEndsInOneChain) {
   // Round r's aggregator A and one trainer are cut off from the other three
   // sites for 20 s: the three fail over to the backup B, so A (attempt 0)
@@ -255,16 +292,7 @@ TEST(SimTest, PartitionThatLetsTwoSitesAggregateOneRoundEndsInOneChain) {
         << Sim::Name(i) << ": " << status.last_error();
     dropped += status.counters().discarded_aggregates();
   }
-  for (v1::ModelKind kind : {v1::MODEL_KIND_BEST, v1::MODEL_KIND_LAST}) {
-    std::shared_ptr<const Model> reference = sim.Final(all[0], kind);
-    ASSERT_NE(reference, nullptr);
-    for (int i : all) {
-      std::shared_ptr<const Model> model = sim.Final(i, kind);
-      ASSERT_NE(model, nullptr) << Sim::Name(i);
-      EXPECT_EQ(model->tensor_data(0), reference->tensor_data(0))
-          << Sim::Name(i) << " " << v1::ModelKind_Name(kind);
-    }
-  }
+  ExpectIdenticalFinals(sim, all);
   // Both attempts aggregated round r, and one was dropped.
   bool backup_aggregated = false;
   for (const CallRecord& call : sim.network().Log()) {
@@ -275,12 +303,65 @@ TEST(SimTest, PartitionThatLetsTwoSitesAggregateOneRoundEndsInOneChain) {
   }
   EXPECT_TRUE(backup_aggregated) << "the partition never split the round";
   EXPECT_THAT(dropped, Gt(0u));
+  ExpectKeptRoundsAgree(sim, all);
   // The lower attempt's chain won: the final models' chain has round r at
   // attempt 0 on every site.
   for (int i : all) {
     const v1::SiteStatus status = sim.Status(i);
     EXPECT_EQ(status.attempt(), 0u) << Sim::Name(i);
   }
+}
+
+// Found on a real network (four hosts, iptables): while round r's
+// aggregator A gathers (it has B's result and its own), A is cut from the
+// two other sites C and D for 45 s, but B still reaches everyone. C and D
+// fail round r over to the backup; B, a bridge, trains in both chains, and
+// may aggregate a round of the losing one. After the heal the lower
+// attempt wins: every site must end done (none fails itself for being on
+// the losing side, its own loopback task included), with identical BEST
+// and LAST and identical kept round models.
+TEST(SimTest, CutThatLeavesABridgeBetweenTwoChainsEndsWithEverySiteDone) {
+  SimConfig config = Config(4, 10, [](v1::JobConfig* job) {
+    job->set_failover_timeout_ms(5'000);
+    job->set_round_timeout_ms(60'000);
+  });
+  Sim probe(config);
+  const uint32_t round = RoundToBreak(probe);
+  ASSERT_LT(round, probe.rounds());
+  Sim sim(config);
+  const std::string aggregator = sim.Aggregator(round);
+  bool cut = false;
+  std::string bridge;
+  std::set<std::string> others;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (cut || call.kind != CallKind::kSubmitResult || call.round != round ||
+        call.to != aggregator) {
+      return;
+    }
+    cut = true;
+    bridge = call.from;
+    for (int i : AllSites(sim)) {
+      if (Sim::Name(i) != aggregator && Sim::Name(i) != bridge) {
+        others.insert(Sim::Name(i));
+      }
+    }
+    sim.network().CutLinks(aggregator, others);
+    sim.runner().PostAfter(absl::Seconds(45), [&] { sim.network().Heal(); });
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(cut);
+  SCOPED_TRACE(absl::StrCat("round ", round, ": ", aggregator, " cut from ",
+                            absl::StrJoin(others, ","), "; bridge ", bridge));
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+  }
+  ExpectIdenticalFinals(sim, all);
+  ExpectKeptRoundsAgree(sim, all);
 }
 
 TEST(SimTest, TrainerDeadMidRoundIsDroppedWithinTwoFailoverTimeouts) {

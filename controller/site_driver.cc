@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/overloaded.h"
 #include "common/storage_error.h"
 #include "config/job_config.h"
 #include "controller/admission.h"
@@ -52,8 +53,36 @@ absl::string_view PersistName(effect::Persist::What what) {
       return "final model";
     case effect::Persist::What::kClearOffload:
       return "offload directory";
+    case effect::Persist::What::kSetAsideRound:
+      return "a dropped chain's round model";
   }
   return "file";
+}
+
+// The kind of `event`, for logs.
+const char* EventName(const Event& event) {
+  return std::visit(
+      Overloaded{
+          [](const event::Configure&) { return "Configure"; },
+          [](const event::Start&) { return "Start"; },
+          [](const event::Abort&) { return "Abort"; },
+          [](const event::ModelHeader&) { return "ModelHeader"; },
+          [](const event::ModelBody&) { return "ModelBody"; },
+          [](const event::PermissionAsked&) { return "PermissionAsked"; },
+          [](const event::RequestCancelled&) { return "RequestCancelled"; },
+          [](const event::ShareBest&) { return "ShareBest"; },
+          [](const event::CallDone&) { return "CallDone"; },
+          [](const event::TimerFired&) { return "TimerFired"; },
+          [](const event::TrainingDone&) { return "TrainingDone"; },
+          [](const event::InitialModel&) { return "InitialModel"; },
+          [](const event::AggregationDone&) { return "AggregationDone"; },
+          [](const event::ResultAdded&) { return "ResultAdded"; },
+          [](const event::PersistDone&) { return "PersistDone"; },
+          [](const event::LearnerWaiting&) { return "LearnerWaiting"; },
+          [](const event::Recover&) { return "Recover"; },
+          Unhandled{},
+      },
+      event);
 }
 
 }  // namespace
@@ -94,6 +123,8 @@ void SiteDriver::Feed(Event event, RequestId request, Answer answer) {
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
+    const absl::Time held_since = absl::Now();
+    const char* stepped = EventName(event);
     if (answer != nullptr) answers_[request] = std::move(answer);
     effects = machine_.Step(std::move(event), runner_->Now());
     // Writes are queued in step order while the lock is held; they run
@@ -120,8 +151,60 @@ void SiteDriver::Feed(Event event, RequestId request, Answer answer) {
       if (queued) draining_ = true;
     }
     if (queued) runner_->Post([this] { DrainWrites(); });
+    if (QueueAggregationWork(effects)) {
+      runner_->Post([this] { DrainAggregationWork(); });
+    }
+    const absl::Duration held = absl::Now() - held_since;
+    if (held > longest_hold_) {
+      longest_hold_ = held;
+      longest_hold_event_ = stepped;
+    }
   }
   Carry(effects);
+}
+
+bool SiteDriver::QueueAggregationWork(Effects& effects) {
+  std::vector<std::function<void()>> tasks;
+  for (Effect& effect : effects) {
+    if (auto* add = std::get_if<effect::AddResult>(&effect)) {
+      tasks.push_back([this, add = std::move(*add)] {
+        Feed(event::ResultAdded{add.request, add.round, add.header,
+                                add.job.Run(), add.job_run});
+      });
+    } else if (auto* run = std::get_if<effect::RunAggregation>(&effect)) {
+      tasks.push_back(
+          [this, run = std::move(*run)] { Feed(RunAggregationWork(run)); });
+    } else if (auto* release = std::get_if<effect::Release>(&effect)) {
+      tasks.push_back(
+          [held = std::move(release->held)]() mutable { held.reset(); });
+    }
+  }
+  if (tasks.empty()) return false;
+  absl::MutexLock lock(&aggregation_mu_);
+  for (auto& task : tasks) aggregation_work_.push_back(std::move(task));
+  if (aggregating_) return false;
+  aggregating_ = true;
+  return true;
+}
+
+// Safe to run outside mu_: each task owns what it reads (the closed round,
+// the job's aggregator through its AddJob, the received model), and the
+// machine touches none of it until the task's event comes back; the
+// aggregator's other users (the result sinks) are thread-safe.
+void SiteDriver::DrainAggregationWork() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&aggregation_mu_);
+      if (aggregation_work_.empty()) {
+        aggregating_ = false;
+        return;
+      }
+      task = std::move(aggregation_work_.front());
+      aggregation_work_.pop_front();
+    }
+    task();
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const Model>> SiteDriver::LoadKeptRound(
@@ -193,69 +276,95 @@ v1::Reply SiteDriver::Ask(Event event, RequestId request) {
 }
 
 void SiteDriver::Carry(Effects& effects) {
+  // One handler per kind of effect: an Effect alternative without one fails
+  // to compile here (common/overloaded.h).
   for (Effect& effect : effects) {
-    if (auto* send = std::get_if<effect::Send>(&effect)) {
-      CarrySend(*send);
-    } else if (auto* reply = std::get_if<effect::Reply>(&effect)) {
-      Answer answer;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = answers_.find(reply->request);
-        if (it == answers_.end()) continue;
-        answer = std::move(it->second);
-        answers_.erase(it);
-      }
-      answer(*reply);
-    } else if (auto* start = std::get_if<effect::StartTraining>(&effect)) {
-      StartTraining(*start);
-    } else if (std::holds_alternative<effect::CancelTraining>(effect)) {
-      absl::MutexLock lock(&mu_);
-      if (training_cancel_ != nullptr) *training_cancel_ = true;
-      training_cancel_.reset();
-    } else if (auto* load = std::get_if<effect::LoadInitialModel>(&effect)) {
-      runner_->Post([this, load = std::move(*load)] {
-        event::InitialModel done;
-        if (load.kept_round.has_value()) {
-          done.model = LoadKeptRound(*load.kept_round);
-          Feed(std::move(done));
-          return;
-        }
-        absl::StatusOr<Model> initial = learner_->InitialModel();
-        if (initial.ok() && !load.lean_path.empty() &&
-            initial->total_bytes() >= load.lean_min_bytes) {
-          initial = MapFromFile(std::move(*initial), load.lean_path);
-        }
-        if (initial.ok()) {
-          done.model = std::make_shared<const Model>(std::move(*initial));
-        } else {
-          done.model = initial.status();
-        }
-        Feed(std::move(done));
-      });
-    } else if (auto* run = std::get_if<effect::RunAggregation>(&effect)) {
-      // Outside the lock: the closed round is this task's alone.
-      runner_->Post(
-          [this, run = std::move(*run)] { Feed(RunAggregationWork(run)); });
-    } else if (auto* timer = std::get_if<effect::SetTimer>(&effect)) {
-      runner_->PostAt(timer->when, [this, id = timer->timer] {
-        Feed(event::TimerFired{id});
-      });
-    } else if (auto* prepare = std::get_if<effect::PrepareTransport>(&effect)) {
-      transport_->PrepareForJob(prepare->job);
-    } else if (std::holds_alternative<effect::StatusChanged>(effect)) {
-      std::vector<std::function<void()>> waiters;
-      bool ended = false;
-      {
-        absl::MutexLock lock(&mu_);
-        waiters.swap(status_waiters_);
-        ended = IsTerminal(machine_.record().state);
-      }
-      // The job's model buffers kept for reuse are given back once it ends.
-      if (ended) ReleaseIdleHeapStorage();
-      for (auto& waiter : waiters) runner_->Post(std::move(waiter));
-    }
-    // Persist effects were queued in Feed.
+    std::visit(
+        Overloaded{
+            [this](effect::Send& send) { CarrySend(send); },
+            [this](effect::Reply& reply) { CarryReply(reply); },
+            [this](effect::StartTraining& start) { StartTraining(start); },
+            [this](effect::CancelTraining&) {
+              absl::MutexLock lock(&mu_);
+              if (training_cancel_ != nullptr) *training_cancel_ = true;
+              training_cancel_.reset();
+            },
+            [this](effect::LoadInitialModel& load) { CarryLoad(load); },
+            [](effect::RunAggregation&) {
+              // Queued in Feed for the aggregation worker.
+            },
+            [](effect::AddResult&) {},  // Queued in Feed, likewise.
+            [](effect::Release&) {},    // Queued in Feed, likewise.
+            [this](effect::SetTimer& timer) {
+              runner_->PostAt(timer.when, [this, id = timer.timer] {
+                Feed(event::TimerFired{id});
+              });
+            },
+            [](effect::Persist&) {
+              // Queued in Feed, under the lock, in the order given.
+            },
+            [this](effect::PrepareTransport& prepare) {
+              transport_->PrepareForJob(prepare.job);
+            },
+            [this](effect::StatusChanged&) { CarryStatusChanged(); },
+            Unhandled{},
+        },
+        effect);
   }
+}
+
+void SiteDriver::CarryReply(effect::Reply& reply) {
+  Answer answer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = answers_.find(reply.request);
+    if (it == answers_.end()) return;
+    answer = std::move(it->second);
+    answers_.erase(it);
+  }
+  answer(reply);
+}
+
+void SiteDriver::CarryLoad(effect::LoadInitialModel& effect) {
+  runner_->Post([this, load = std::move(effect)] {
+    event::InitialModel done;
+    if (load.kept_round.has_value()) {
+      done.model = LoadKeptRound(*load.kept_round);
+      Feed(std::move(done));
+      return;
+    }
+    absl::StatusOr<Model> initial = learner_->InitialModel();
+    if (initial.ok() && !load.lean_path.empty() &&
+        initial->total_bytes() >= load.lean_min_bytes) {
+      initial = MapFromFile(std::move(*initial), load.lean_path);
+    }
+    if (initial.ok()) {
+      done.model = std::make_shared<const Model>(std::move(*initial));
+    } else {
+      done.model = initial.status();
+    }
+    Feed(std::move(done));
+  });
+}
+
+void SiteDriver::CarryStatusChanged() {
+  std::vector<std::function<void()>> waiters;
+  bool ended = false;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(status_waiters_);
+    ended = IsTerminal(machine_.record().state);
+    if (ended && longest_hold_ > absl::ZeroDuration()) {
+      SWARM_LOG_INFO(
+          "job ended here; longest hold of the site's lock: %.3f ms "
+          "(stepping %s)",
+          absl::ToDoubleMilliseconds(longest_hold_), longest_hold_event_);
+      longest_hold_ = absl::ZeroDuration();
+    }
+  }
+  // The job's model buffers kept for reuse are given back once it ends.
+  if (ended) ReleaseIdleHeapStorage();
+  for (auto& waiter : waiters) runner_->Post(std::move(waiter));
 }
 
 // ---------------------------------------------------------------------------
@@ -341,8 +450,10 @@ void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
     case CallKind::kShareBest:
       done_reply(ShareBest(message.share_best));
       return;
-    default:
-      break;
+    case CallKind::kLearnTask:
+    case CallKind::kSubmitResult:
+    case CallKind::kFinalResult:
+      break;  // A model stream: below.
   }
   // A model stream: the header's admission, then the model as it is (it
   // is in memory already; there is nothing to assemble).
@@ -390,9 +501,10 @@ void SiteDriver::StartTraining(effect::StartTraining& start) {
     training_cancel_ = cancel;
   }
   runner_->Post([this, cancel, round = start.round, global = start.global,
-                 diff = start.weight_diff] {
+                 diff = start.weight_diff, job_run = start.job_run] {
     event::TrainingDone done;
     done.round = round;
+    done.job_run = job_run;
     done.metrics = learner_->Validate(*global, round);
     done.output = done.metrics.ok()
                       ? learner_->Train(*global, round, *cancel)
@@ -451,6 +563,10 @@ void SiteDriver::Write(effect::Persist& persist) {
       break;
     case effect::Persist::What::kClearOffload:
       store_->ClearOffload(persist.job_id).IgnoreError();
+      break;
+    case effect::Persist::What::kSetAsideRound:
+      status =
+          store_->SetAsideRound(persist.job_id, persist.round, persist.tag);
       break;
   }
   // Whatever the store failed to write is this site's disk's failure.

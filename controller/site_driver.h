@@ -147,6 +147,9 @@ class SiteDriver {
   // Drops the answer to `request` if it was not given.
   void Forget(RequestId request) ABSL_LOCKS_EXCLUDED(mu_);
   void CarrySend(effect::Send& send);
+  void CarryReply(effect::Reply& reply) ABSL_LOCKS_EXCLUDED(mu_);
+  void CarryLoad(effect::LoadInitialModel& load);
+  void CarryStatusChanged() ABSL_LOCKS_EXCLUDED(mu_);
   void Attempt(std::shared_ptr<effect::Send> send, int attempt,
                bool maybe_delivered);
   void Loopback(std::shared_ptr<effect::Send> send);
@@ -155,6 +158,13 @@ class SiteDriver {
   void StartTraining(effect::StartTraining& start);
   // Runs the queued writes in order, one at a time. REQUIRES: mu_ not held.
   void DrainWrites() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Queues the step's aggregation work (adds, aggregations, releases) in
+  // step order. REQUIRES: mu_ held (so that the order is the steps').
+  // Returns whether a drainer must be posted.
+  bool QueueAggregationWork(Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_LOCKS_EXCLUDED(aggregation_mu_);
+  // Runs the queued aggregation work in order, one task at a time.
+  void DrainAggregationWork() ABSL_LOCKS_EXCLUDED(mu_, aggregation_mu_);
   void Write(effect::Persist& persist);
   double JitterUnit();
 
@@ -168,7 +178,7 @@ class SiteDriver {
   // store before stepping).
   absl::Mutex configure_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
-  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_, aggregation_mu_);
   SiteMachine machine_ ABSL_GUARDED_BY(mu_);
   RequestId next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<RequestId, Answer> answers_ ABSL_GUARDED_BY(mu_);
@@ -182,6 +192,23 @@ class SiteDriver {
   absl::Mutex write_mu_;
   std::deque<effect::Persist> writes_ ABSL_GUARDED_BY(write_mu_);
   bool draining_ ABSL_GUARDED_BY(write_mu_) = false;
+
+  // The aggregation worker (design section 9): every pass over a model that
+  // the machine hands out (adding a result, aggregating a round, dropping a
+  // round's offload files), queued in step order under mu_ and run outside
+  // it, one at a time, so that the driver's lock is never held across
+  // model-sized work and a round's adds never overlap (Aggregator::Add is
+  // not thread-safe).
+  absl::Mutex aggregation_mu_;
+  std::deque<std::function<void()>> aggregation_work_
+      ABSL_GUARDED_BY(aggregation_mu_);
+  bool aggregating_ ABSL_GUARDED_BY(aggregation_mu_) = false;
+
+  // The longest the driver's lock was held by one Feed (the step and the
+  // queueing of its work), and what was stepped: logged when a job ends
+  // here, so that work grown inside the lock shows (design section 9).
+  absl::Duration longest_hold_ ABSL_GUARDED_BY(mu_);
+  const char* longest_hold_event_ ABSL_GUARDED_BY(mu_) = "";
 
   absl::Mutex jitter_mu_;
   std::minstd_rand jitter_ ABSL_GUARDED_BY(jitter_mu_);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/overloaded.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
 #include "streaming/digest.h"
@@ -17,39 +18,37 @@
 namespace swarm {
 
 SiteMachine::SiteMachine(SiteMachineOptions options)
-    : options_(std::move(options)) {
-  record_.self = options_.site;
+    : options_(std::move(options)), run_(std::make_unique<JobRun>()) {
+  run_->record.self = options_.site;
 }
 
 SiteMachine::~SiteMachine() = default;
 
 Effects SiteMachine::Step(Event event, absl::Time now) {
   now_ = std::max(now_, now);
-  std::visit(
-      [this](auto& e) {
-        using E = std::decay_t<decltype(e)>;
-        if constexpr (std::is_same_v<E, event::Configure>) OnConfigure(e);
-        if constexpr (std::is_same_v<E, event::Start>) OnStart(e);
-        if constexpr (std::is_same_v<E, event::Abort>) OnAbort(e);
-        if constexpr (std::is_same_v<E, event::ModelHeader>) OnModelHeader(e);
-        if constexpr (std::is_same_v<E, event::ModelBody>) OnModelBody(e);
-        if constexpr (std::is_same_v<E, event::PermissionAsked>)
-          OnPermissionAsked(e);
-        if constexpr (std::is_same_v<E, event::RequestCancelled>)
-          OnRequestCancelled(e);
-        if constexpr (std::is_same_v<E, event::ShareBest>) OnShareBest(e);
-        if constexpr (std::is_same_v<E, event::CallDone>) OnCallDone(e);
-        if constexpr (std::is_same_v<E, event::TimerFired>) OnTimerFired(e);
-        if constexpr (std::is_same_v<E, event::TrainingDone>) OnTrainingDone(e);
-        if constexpr (std::is_same_v<E, event::InitialModel>) OnInitialModel(e);
-        if constexpr (std::is_same_v<E, event::AggregationDone>)
-          OnAggregationDone(e);
-        if constexpr (std::is_same_v<E, event::PersistDone>) OnPersistDone(e);
-        if constexpr (std::is_same_v<E, event::LearnerWaiting>)
-          OnLearnerWaiting(e);
-        if constexpr (std::is_same_v<E, event::Recover>) OnRecover(e);
-      },
-      event);
+  // One handler per kind of event: an Event alternative without one fails
+  // to compile here (Overloaded's catch-all static_assert).
+  std::visit(Overloaded{
+                 [this](event::Configure& e) { OnConfigure(e); },
+                 [this](event::Start& e) { OnStart(e); },
+                 [this](event::Abort& e) { OnAbort(e); },
+                 [this](event::ModelHeader& e) { OnModelHeader(e); },
+                 [this](event::ModelBody& e) { OnModelBody(e); },
+                 [this](event::PermissionAsked& e) { OnPermissionAsked(e); },
+                 [this](event::RequestCancelled& e) { OnRequestCancelled(e); },
+                 [this](event::ShareBest& e) { OnShareBest(e); },
+                 [this](event::CallDone& e) { OnCallDone(e); },
+                 [this](event::TimerFired& e) { OnTimerFired(e); },
+                 [this](event::TrainingDone& e) { OnTrainingDone(e); },
+                 [this](event::InitialModel& e) { OnInitialModel(e); },
+                 [this](event::AggregationDone& e) { OnAggregationDone(e); },
+                 [this](event::ResultAdded& e) { OnResultAdded(e); },
+                 [this](event::PersistDone& e) { OnPersistDone(e); },
+                 [this](event::LearnerWaiting& e) { OnLearnerWaiting(e); },
+                 [this](event::Recover& e) { OnRecover(e); },
+                 Unhandled{},
+             },
+             event);
   // A slot freed or a round opened: a held request may be answered now.
   // (Answering may close a round, which may change more: look again, a few
   // times at most.)
@@ -73,15 +72,16 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
 // Helpers
 
 bool SiteMachine::Active() const {
-  return job_ != nullptr && record_.started && !IsTerminal(record_.state);
+  return run_->job != nullptr && run_->record.started &&
+         !IsTerminal(run_->record.state);
 }
 
 bool SiteMachine::IsTrainer(absl::string_view site) const {
-  return job_ != nullptr && job_->IsTrainer(site);
+  return run_->job != nullptr && run_->job->IsTrainer(site);
 }
 
 void SiteMachine::JournalStateChange() {
-  const v1::SiteState state = record_.state;
+  const v1::SiteState state = run_->record.state;
   const uint32_t round = StatusRound();
   if (!state_changes_.empty() && state_changes_.back().state == state &&
       state_changes_.back().round == round) {
@@ -90,78 +90,82 @@ void SiteMachine::JournalStateChange() {
   const uint64_t seq =
       state_changes_.empty() ? 1 : state_changes_.back().seq + 1;
   state_changes_.push_back(
-      StateChange{seq, state, round, now_, Counters(), metrics_});
+      StateChange{seq, state, round, now_, Counters(), run_->metrics});
   if (state_changes_.size() > kStateChangesKept) state_changes_.pop_front();
   status_dirty_ = true;
 }
 
 void SiteMachine::SetState(v1::SiteState state) {
-  if (IsTerminal(record_.state) && state != v1::SITE_STATE_CONFIGURED) return;
-  if (record_.state != state) {
-    record_.state = state;
+  if (IsTerminal(run_->record.state) && state != v1::SITE_STATE_CONFIGURED)
+    return;
+  if (run_->record.state != state) {
+    run_->record.state = state;
     PermissionMayChange();
   }
 }
 
 void SiteMachine::ReportError(absl::string_view what,
                               const absl::Status& status) {
-  last_error_ = absl::StrCat(what, ": ", status.message());
-  last_error_time_ = now_;
-  SWARM_LOG_WARNING("%s", last_error_);
+  run_->last_error = absl::StrCat(what, ": ", status.message());
+  run_->last_error_time = now_;
+  SWARM_LOG_WARNING("%s", run_->last_error);
   Changed();
 }
 
 void SiteMachine::DropRounds() {
   // What they counted stays in the site's counters; nothing of theirs is in
   // flight any more.
-  for (const auto& [number, round] : rounds_) {
+  for (auto& [number, round] : run_->work.rounds) {
     RoundCounters counted = round->counters();
     counted.in_flight = 0;
-    closed_rounds_.Add(counted);
+    run_->closed_rounds.Add(counted);
+    // Its aggregator removes its offload files as it goes: not here.
+    out_.push_back(
+        effect::Release{std::shared_ptr<AggregationRound>(std::move(round))});
   }
-  rounds_.clear();
+  run_->work.rounds.clear();
 }
 
 void SiteMachine::EndActivity() {
-  if (training_.has_value()) out_.push_back(effect::CancelTraining{});
-  training_.reset();
+  Work& work = run_->work;
+  if (work.training.has_value()) out_.push_back(effect::CancelTraining{});
   DropRounds();
-  aggregating_.clear();
-  calls_.clear();
-  timers_.clear();
-  scatters_.clear();
-  aggregator_tasks_.clear();
-  gathering_.clear();
-  armed_.clear();
-  broadcasts_.clear();
-  best_asks_.clear();
   // Held requests are answered: the job is over here.
-  const v1::Reply ended = IsTerminal(record_.state)
-                              ? ReplyFromStatus(JobEndedHere(record_))
+  const v1::Reply ended = IsTerminal(run_->record.state)
+                              ? ReplyFromStatus(JobEndedHere(run_->record))
                               : MakeReply(v1::OUTCOME_ABORTED, "job reset");
-  for (auto& [request, held] : held_) {
+  for (auto& [request, held] : work.held) {
     v1::SubmitPermissionReply reply;
     reply.set_outcome(ended.outcome());
     reply.set_message(ended.message());
     out_.push_back(effect::Reply{request, reply});
   }
-  held_.clear();
-  if (pending_start_.has_value()) {
-    const RequestId request = pending_start_->request;
-    pending_start_.reset();
-    Reply(request,
+  if (work.pending_start.has_value()) {
+    Reply(work.pending_start->request,
           MakeReply(v1::OUTCOME_REJECTED,
                     absl::StrCat("the job ended here before its first round's "
                                  "learn tasks were out: ",
-                                 last_error_.empty() ? "reset" : last_error_)));
+                                 run_->last_error.empty() ? "reset"
+                                                          : run_->last_error)));
   }
+  // Everything under way goes at once: its calls, timers and writes, when
+  // they end, find nothing (Stale).
+  run_->work = Work();
   PermissionMayChange();
+}
+
+bool SiteMachine::Stale(uint64_t id, uint64_t first_of_run) {
+  if (id >= first_of_run) return false;
+  ++stale_completions_;
+  Changed();
+  return true;
 }
 
 void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
   ReportError(what, status);
-  if (IsTerminal(record_.state)) return;  // Ended already: nothing to undo.
-  end_reason_ = absl::StrCat("failed: ", last_error_);
+  if (IsTerminal(run_->record.state))
+    return;  // Ended already: nothing to undo.
+  run_->end_reason = absl::StrCat("failed: ", run_->last_error);
   SetState(v1::SITE_STATE_FAILED);
   EndActivity();
   PersistState();
@@ -171,7 +175,7 @@ PersistId SiteMachine::PersistClearOffloadAndState(bool notify) {
   effect::Persist clear;
   clear.what = effect::Persist::What::kClearOffload;
   clear.persist = next_persist_++;
-  clear.job_id = job_->id();
+  clear.job_id = run_->job->id();
   out_.push_back(std::move(clear));
   return PersistState(notify);
 }
@@ -180,7 +184,7 @@ void SiteMachine::ArmStartDeadline() {
   if (!IsTrainer(options_.site)) return;
   Timer timer;
   timer.purpose = Timer::Purpose::kStartDeadline;
-  SetTimer(now_ + job_->start_timeout(), timer);
+  SetTimer(now_ + run_->job->start_timeout(), timer);
 }
 
 v1::Reply SiteMachine::FailAndAbort(const std::string& what,
@@ -192,25 +196,26 @@ v1::Reply SiteMachine::FailAndAbort(const std::string& what,
 }
 
 PersistId SiteMachine::PersistState(bool notify) {
-  if (job_ == nullptr) return 0;
+  if (run_->job == nullptr) return 0;
   effect::Persist persist;
   persist.what = effect::Persist::What::kState;
   persist.persist = next_persist_++;
   persist.notify = notify;
-  persist.job_id = job_->id();
+  persist.job_id = run_->job->id();
   v1::JobState& state = persist.state;
-  state.set_job_id(job_->id());
+  state.set_job_id(run_->job->id());
   state.set_last_completed_round(
-      record_.last_task_round.has_value()
-          ? static_cast<int64_t>(*record_.last_task_round)
+      run_->record.last_task_round.has_value()
+          ? static_cast<int64_t>(*run_->record.last_task_round)
           : -1);
-  *state.mutable_best() = record_.best;
-  state.set_state(record_.state);
-  state.set_attempt(record_.attempt);
-  LineageToProto(record_.lineage, state.mutable_lineage());
-  state.set_started(record_.started);
-  state.set_global_round(persisted_global_round_);
-  LineageToProto(persisted_global_lineage_, state.mutable_global_lineage());
+  *state.mutable_best() = run_->record.best;
+  state.set_state(run_->record.state);
+  state.set_attempt(run_->record.attempt);
+  LineageToProto(run_->record.lineage, state.mutable_lineage());
+  state.set_started(run_->record.started);
+  state.set_global_round(run_->persisted_global_round);
+  LineageToProto(run_->persisted_global_lineage,
+                 state.mutable_global_lineage());
   state.set_updated_time_ms(absl::ToUnixMillis(now_));
   const PersistId id = persist.persist;
   out_.push_back(std::move(persist));
@@ -221,20 +226,20 @@ v1::ModelHeader SiteMachine::BaseHeader(v1::ModelKind kind,
                                         uint32_t round) const {
   v1::ModelHeader header;
   header.set_kind(kind);
-  header.set_job_id(job_->id());
+  header.set_job_id(run_->job->id());
   header.set_round(round);
   header.set_sender(options_.site);
-  header.set_digest_algorithm(job_->config().digest_algorithm());
+  header.set_digest_algorithm(run_->job->config().digest_algorithm());
   // The transport chunks every stream it sends at header.chunk_size.
-  header.set_chunk_size(job_->config().chunk_size());
+  header.set_chunk_size(run_->job->config().chunk_size());
   return header;
 }
 
 AssemblerOptions SiteMachine::AssemblerFor(v1::ModelKind kind) const {
   AssemblerOptions assembler;
   assembler.limits = options_.limits;
-  assembler.limits.max_model_bytes = std::min(assembler.limits.max_model_bytes,
-                                              job_->config().max_model_bytes());
+  assembler.limits.max_model_bytes = std::min(
+      assembler.limits.max_model_bytes, run_->job->config().max_model_bytes());
   assembler.expected_kind = kind;
   return assembler;
 }
@@ -244,7 +249,7 @@ CallId SiteMachine::Send(const std::string& to, PeerMessage message, Call call,
   const CallId id = next_call_++;
   effect::Send send;
   send.call = id;
-  if (const v1::SiteInfo* site = job_->Site(to); site != nullptr) {
+  if (const v1::SiteInfo* site = run_->job->Site(to); site != nullptr) {
     send.to = *site;
   } else {
     send.to.set_name(to);  // The driver answers NOT_FOUND.
@@ -253,14 +258,14 @@ CallId SiteMachine::Send(const std::string& to, PeerMessage message, Call call,
   send.retry = retry;
   send.retry_until = retry_until;
   call.target = to;
-  calls_[id] = std::move(call);
+  run_->work.calls[id] = std::move(call);
   out_.push_back(std::move(send));
   return id;
 }
 
 TimerId SiteMachine::SetTimer(absl::Time when, Timer timer) {
   const TimerId id = next_timer_++;
-  timers_[id] = timer;
+  run_->work.timers[id] = timer;
   out_.push_back(effect::SetTimer{id, when});
   return id;
 }
@@ -270,10 +275,12 @@ void SiteMachine::Reply(RequestId request, v1::Reply reply) {
 }
 
 v1::SiteCounters SiteMachine::Counters() const {
-  v1::SiteCounters counters = counters_;
-  RoundCounters rounds = closed_rounds_;
-  for (const auto& [number, round] : rounds_) rounds.Add(round->counters());
+  v1::SiteCounters counters = run_->counters;
+  RoundCounters rounds = run_->closed_rounds;
+  for (const auto& [number, round] : run_->work.rounds)
+    rounds.Add(round->counters());
   rounds.CopyTo(&counters);
+  counters.set_stale_completions(stale_completions_);
   return counters;
 }
 
@@ -282,178 +289,176 @@ v1::SiteCounters SiteMachine::Counters() const {
 
 void SiteMachine::ResetForJob(v1::JobConfig job, std::string offload_dir) {
   EndActivity();
-  finals_.clear();
-  best_model_.reset();
-  best_model_round_ = 0;
-  current_global_.reset();
-  current_task_.reset();
-  pending_finals_.clear();
-  counters_ = v1::SiteCounters();
-  closed_rounds_ = RoundCounters();
-  metrics_.clear();
-  last_error_.clear();
-  last_error_time_ = absl::InfinitePast();
-  job_ = std::make_shared<const JobView>(std::move(job));
-  offload_dir_ = std::move(offload_dir);
-  record_ = SiteRecord();
-  record_.self = options_.site;
-  record_.state = v1::SITE_STATE_CONFIGURED;
-  failovers_.clear();
-  end_reason_.clear();
-  final_round_ = 0;
-  final_attempt_ = 0;
-  persisted_global_round_ = -1;
-  durable_global_round_ = -1;
-  durable_writes_.clear();
-  persisted_global_lineage_.clear();
-  reloaded_ = false;
+  // Final models still being written belong to the job that goes: their
+  // senders are told, and their writes' ends find nothing.
+  for (auto& [persist, pending] : run_->pending_finals) {
+    Reply(pending.request,
+          MakeReply(v1::OUTCOME_ABORTED, absl::StrCat("job ", run_->job->id(),
+                                                      " was replaced here")));
+  }
+  run_ = std::make_unique<JobRun>();
+  run_->id = next_run_++;
+  run_->job = std::make_shared<const JobView>(std::move(job));
+  run_->offload_dir = std::move(offload_dir);
+  run_->first_call = next_call_;
+  run_->first_timer = next_timer_;
+  run_->first_persist = next_persist_;
+  run_->record.self = options_.site;
+  run_->record.state = v1::SITE_STATE_CONFIGURED;
 }
 
 void SiteMachine::OnConfigure(event::Configure& e) {
   ResetForJob(std::move(e.job), std::move(e.offload_dir));
   PermissionMayChange();
   PersistClearOffloadAndState();
-  out_.push_back(effect::PrepareTransport{job_->config()});
+  out_.push_back(effect::PrepareTransport{run_->job->config()});
   // A trainer takes part in every round: no task for this long means the
   // job never started (a non-trainer candidate may wait for its first
   // election as long as the job lasts).
   ArmStartDeadline();
-  SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", job_->id(),
-                 job_->config().sites_size(), job_->config().num_rounds());
+  SWARM_LOG_INFO("configured for job %s (%d sites, %d rounds)", run_->job->id(),
+                 run_->job->config().sites_size(),
+                 run_->job->config().num_rounds());
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "configured"));
 }
 
 void SiteMachine::OnRecover(event::Recover& e) {
   ResetForJob(std::move(e.job), std::move(e.offload_dir));
   const v1::JobState& state = e.state;
-  record_.started = state.started() || state.last_completed_round() >= 0;
+  run_->record.started = state.started() || state.last_completed_round() >= 0;
   if (state.last_completed_round() >= 0) {
-    record_.last_task_round =
+    run_->record.last_task_round =
         static_cast<uint32_t>(state.last_completed_round());
   }
-  record_.attempt = state.attempt();
-  record_.lineage = LineageFromProto(state.lineage());
-  record_.best = state.best();
-  record_.recovered = true;
-  reloaded_ = true;
-  if (e.best_model != nullptr && record_.best.site() == options_.site) {
-    best_model_ = e.best_model;
-    best_model_round_ = record_.best.round();
+  run_->record.attempt = state.attempt();
+  run_->record.lineage = LineageFromProto(state.lineage());
+  run_->record.best = state.best();
+  run_->record.recovered = true;
+  run_->reloaded = true;
+  if (e.best_model != nullptr && run_->record.best.site() == options_.site) {
+    run_->best_model = e.best_model;
+    run_->best_model_round = run_->record.best.round();
   }
   if (e.global != nullptr && state.global_round() >= 0) {
-    persisted_global_round_ = state.global_round();
-    durable_global_round_ = state.global_round();
-    persisted_global_lineage_ = LineageFromProto(state.global_lineage());
-    current_global_ = e.global;
-    current_global_round_ = static_cast<uint32_t>(state.global_round());
+    run_->persisted_global_round = state.global_round();
+    run_->durable_global_round = state.global_round();
+    run_->persisted_global_lineage = LineageFromProto(state.global_lineage());
+    run_->current_global = e.global;
+    run_->current_global_round = static_cast<uint32_t>(state.global_round());
   }
   if (IsTerminal(state.state())) {
-    record_.state = state.state();
-    end_reason_ = "ended before the restart";
+    run_->record.state = state.state();
+    run_->end_reason = "ended before the restart";
   } else {
-    record_.state =
-        record_.started ? v1::SITE_STATE_IDLE : v1::SITE_STATE_CONFIGURED;
-    if (!record_.started) ArmStartDeadline();
+    run_->record.state =
+        run_->record.started ? v1::SITE_STATE_IDLE : v1::SITE_STATE_CONFIGURED;
+    if (!run_->record.started) ArmStartDeadline();
   }
   PermissionMayChange();
   SWARM_LOG_INFO(
       "job %s reloaded from the workspace after a restart (%s; last learn "
       "task: round %s; global model of round %d)",
-      job_->id(), v1::SiteState_Name(record_.state),
-      record_.last_task_round.has_value()
-          ? absl::StrCat(*record_.last_task_round)
+      run_->job->id(), v1::SiteState_Name(run_->record.state),
+      run_->record.last_task_round.has_value()
+          ? absl::StrCat(*run_->record.last_task_round)
           : std::string("none"),
-      persisted_global_round_);
+      run_->persisted_global_round);
 }
 
 // A resume: scatter the round of the persisted global model again.
 void SiteMachine::Resume(RequestId request) {
-  if (!record_.recovered || current_global_ == nullptr ||
-      persisted_global_round_ < 0) {
+  if (!run_->record.recovered || run_->current_global == nullptr ||
+      run_->persisted_global_round < 0) {
     return Reply(request,
                  MakeReply(v1::OUTCOME_REJECTED,
                            absl::StrCat("site ", options_.site,
                                         " holds no persisted global model of "
                                         "job ",
-                                        job_->id(), " to resume from")));
+                                        run_->job->id(), " to resume from")));
   }
-  const uint32_t round = static_cast<uint32_t>(persisted_global_round_);
-  if (!job_->HasRound(round)) {
+  const uint32_t round = static_cast<uint32_t>(run_->persisted_global_round);
+  if (!run_->job->HasRound(round)) {
     return Reply(request, MakeReply(v1::OUTCOME_REJECTED,
                                     absl::StrCat("round ", round,
                                                  " is past the job's last")));
   }
-  record_.started = true;
-  SWARM_LOG_INFO("resuming job %s at round %d", job_->id(), round);
+  run_->record.started = true;
+  SWARM_LOG_INFO("resuming job %s at round %d", run_->job->id(), round);
   // Answered once the round's tasks are out (AnswerStart).
-  pending_start_ = PendingStart{request, round};
-  ScatterRound(round, current_global_, record_.best, persisted_global_lineage_,
+  run_->work.pending_start = PendingStart{request, round};
+  ScatterRound(round, run_->current_global, run_->record.best,
+               run_->persisted_global_lineage,
                /*resume=*/true);
 }
 
 void SiteMachine::OnStart(event::Start& e) {
-  absl::Status job = CheckJobId(job_.get(), options_.site, e.start.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, e.start.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
   if (e.start.resume()) {
-    if (IsTerminal(record_.state)) {
+    if (IsTerminal(run_->record.state)) {
       return Reply(
           e.request,
-          MakeReply(v1::OUTCOME_REJECTED,
-                    absl::StrCat("job ", job_->id(), " is ",
-                                 v1::SiteState_Name(record_.state), " here")));
+          MakeReply(
+              v1::OUTCOME_REJECTED,
+              absl::StrCat("job ", run_->job->id(), " is ",
+                           v1::SiteState_Name(run_->record.state), " here")));
     }
     return Resume(e.request);
   }
-  if (job_->config().starting_site() != options_.site) {
+  if (run_->job->config().starting_site() != options_.site) {
     return Reply(e.request,
                  MakeReply(v1::OUTCOME_REJECTED,
                            absl::StrCat("start goes to the starting site ",
-                                        job_->config().starting_site(),
+                                        run_->job->config().starting_site(),
                                         ", not ", options_.site)));
   }
-  if (record_.started) {
+  if (run_->record.started) {
     return Reply(e.request, MakeReply(v1::OUTCOME_REJECTED,
-                                      absl::StrCat("job ", job_->id(),
+                                      absl::StrCat("job ", run_->job->id(),
                                                    " already started")));
   }
-  record_.started = true;
+  run_->record.started = true;
   PermissionMayChange();
   // Answered once the first round's tasks are out (AnswerStart).
-  pending_start_ = PendingStart{e.request, job_->first_round()};
+  run_->work.pending_start = PendingStart{e.request, run_->job->first_round()};
   effect::LoadInitialModel load;
-  if (job_->first_round() > 0) load.kept_round = job_->first_round();
-  if (!offload_dir_.empty()) {
+  if (run_->job->first_round() > 0) load.kept_round = run_->job->first_round();
+  if (!run_->offload_dir.empty()) {
     load.lean_path = LeanPath("initial-model");
-    load.lean_min_bytes = job_->config().lean_memory_min_model_bytes();
+    load.lean_min_bytes = run_->job->config().lean_memory_min_model_bytes();
   }
   out_.push_back(load);
-  SWARM_LOG_INFO("starting job %s at round %d", job_->id(),
-                 job_->first_round());
+  SWARM_LOG_INFO("starting job %s at round %d", run_->job->id(),
+                 run_->job->first_round());
 }
 
 void SiteMachine::OnInitialModel(event::InitialModel& e) {
   if (!Active()) return;
-  if (!e.model.ok() && job_->first_round() > 0 && pending_start_.has_value()) {
+  if (!e.model.ok() && run_->job->first_round() > 0 &&
+      run_->work.pending_start.has_value()) {
     // No model of start_round here: the start is refused and the job stays
     // configured (start again with the model in place, or from round 0).
-    const RequestId request = pending_start_->request;
-    pending_start_.reset();
-    record_.started = false;
+    const RequestId request = run_->work.pending_start->request;
+    run_->work.pending_start.reset();
+    run_->record.started = false;
     PermissionMayChange();
     ReportError("start", e.model.status());
     return Reply(request, MakeReply(v1::OUTCOME_REJECTED,
                                     std::string(e.model.status().message())));
   }
   if (!e.model.ok()) return Fail("initial model", e.model.status());
-  ScatterRound(job_->first_round(), std::move(*e.model), v1::BestRecord(),
+  ScatterRound(run_->job->first_round(), std::move(*e.model), v1::BestRecord(),
                Lineage());
 }
 
 void SiteMachine::AnswerStart(uint32_t round, const Scatter* scatter,
                               const absl::Status& failure) {
-  if (!pending_start_.has_value() || pending_start_->round != round) return;
-  const RequestId request = pending_start_->request;
-  pending_start_.reset();
+  if (!run_->work.pending_start.has_value() ||
+      run_->work.pending_start->round != round)
+    return;
+  const RequestId request = run_->work.pending_start->request;
+  run_->work.pending_start.reset();
   if (!failure.ok() || scatter == nullptr) {
     return Reply(request,
                  MakeReply(v1::OUTCOME_REJECTED,
@@ -473,22 +478,24 @@ void SiteMachine::AnswerStart(uint32_t round, const Scatter* scatter,
 }
 
 void SiteMachine::OnAbort(event::Abort& e) {
-  absl::Status job = CheckJobId(job_.get(), options_.site, e.abort.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, e.abort.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
-  if (IsTerminal(record_.state)) {
-    return Reply(e.request,
-                 MakeReply(v1::OUTCOME_OK,
-                           absl::StrCat("job already ",
-                                        v1::SiteState_Name(record_.state))));
+  if (IsTerminal(run_->record.state)) {
+    return Reply(
+        e.request,
+        MakeReply(v1::OUTCOME_OK,
+                  absl::StrCat("job already ",
+                               v1::SiteState_Name(run_->record.state))));
   }
-  last_error_ =
+  run_->last_error =
       absl::StrCat("aborted by ", e.abort.sender(),
                    e.abort.reason().empty() ? "" : ": ", e.abort.reason());
-  last_error_time_ = now_;
-  record_.state = v1::SITE_STATE_ABORTED;
+  run_->last_error_time = now_;
+  run_->record.state = v1::SITE_STATE_ABORTED;
   EndActivity();  // Aggregators remove their offload files.
   PersistClearOffloadAndState();
-  SWARM_LOG_WARNING("job %s aborted (%s)", job_->id(), last_error_);
+  SWARM_LOG_WARNING("job %s aborted (%s)", run_->job->id(), run_->last_error);
   Reply(e.request, MakeReply(v1::OUTCOME_OK, "aborted"));
 }
 
@@ -497,7 +504,8 @@ void SiteMachine::OnAbort(event::Abort& e) {
 
 void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   const v1::ModelHeader& header = e.header;
-  absl::StatusOr<Admitted> admitted = AdmitStream(job_.get(), record_, header);
+  absl::StatusOr<Admitted> admitted =
+      AdmitStream(run_->job.get(), run_->record, header);
   absl::StatusOr<ModelAdmission> answer;
   if (!admitted.ok()) {
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.handoff()) {
@@ -524,8 +532,8 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     ModelAdmission admission;
     admission.assembler = AssemblerFor(header.kind());
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK &&
-        current_global_ != nullptr) {
-      admission.assembler.expected_specs = current_global_->specs();
+        run_->current_global != nullptr) {
+      admission.assembler.expected_specs = run_->current_global->specs();
     }
     uint64_t bytes = 0;
     for (const v1::TensorInfo& tensor : header.tensors()) {
@@ -549,7 +557,8 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
 
 void SiteMachine::OnModelBody(event::ModelBody& e) {
   const v1::ModelHeader& header = e.header;
-  absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, header.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
   switch (header.kind()) {
     case v1::MODEL_KIND_LEARN_TASK:
@@ -557,10 +566,11 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
         return Reply(e.request, ReplyFromStatus(e.model.status()));
       return Reply(e.request, AcceptLearnTask(header, *e.model));
     case v1::MODEL_KIND_RESULT:
-      return Reply(e.request, OnResult(header, e.model));
     case v1::MODEL_KIND_PARTIAL_SUM:
-      if (header.relay_to().empty()) {
-        return Reply(e.request, OnResult(header, e.model));
+      if (header.kind() == v1::MODEL_KIND_RESULT || header.relay_to().empty()) {
+        std::optional<v1::Reply> now = OnResult(e.request, header, e.model);
+        if (now.has_value()) Reply(e.request, std::move(*now));
+        return;
       }
       return Reply(e.request, OnPartialPassedOn(header, e.model.status()));
     case v1::MODEL_KIND_BEST:
@@ -568,10 +578,10 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
       if (!e.model.ok())
         return Reply(e.request, ReplyFromStatus(e.model.status()));
       if (header.kind() == v1::MODEL_KIND_BEST &&
-          header.sender() != record_.best.site() &&
+          header.sender() != run_->record.best.site() &&
           header.sender() !=
-              job_->AggregatorAt(header.final_round(), header.attempt()) &&
-          ModelContentDigest(**e.model) != record_.best.digest()) {
+              run_->job->AggregatorAt(header.final_round(), header.attempt()) &&
+          ModelContentDigest(**e.model) != run_->record.best.digest()) {
         // Neither the scorer nor the final aggregator: only the model
         // whose digest the record carries is taken from it.
         return Reply(e.request,
@@ -590,7 +600,7 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
       persist.kind = header.kind();
       persist.model = *e.model;
       persist.metadata = ModelMetadataFromHeader(header);
-      pending_finals_[persist.persist] =
+      run_->pending_finals[persist.persist] =
           PendingFinal{e.request, header, *e.model};
       out_.push_back(std::move(persist));
       return;
@@ -608,10 +618,15 @@ void SiteMachine::OnLearnerWaiting(event::LearnerWaiting& e) {
 }
 
 void SiteMachine::OnPersistDone(event::PersistDone& e) {
-  if (auto after = after_global_.find(e.persist);
-      after != after_global_.end()) {
+  if (Stale(e.persist, run_->first_persist)) {
+    // Written for a job that is gone: the file is that job's, nothing here
+    // waits for it. (A failed write is that job's trouble, not this one's.)
+    return;
+  }
+  if (auto after = run_->work.after_global.find(e.persist);
+      after != run_->work.after_global.end()) {
     AfterGlobal next = std::move(after->second);
-    after_global_.erase(after);
+    run_->work.after_global.erase(after);
     // A failed write fails the site below (its trainers fail over). Not
     // mapped (the driver said why): on with the model in memory, as
     // without lean memory.
@@ -623,16 +638,17 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
       GoOnAfter(next.round, next.closing, std::move(next.model));
     }
   }
-  if (auto durable = durable_writes_.find(e.persist);
-      durable != durable_writes_.end()) {
+  if (auto durable = run_->durable_writes.find(e.persist);
+      durable != run_->durable_writes.end()) {
     if (e.status.ok()) {
-      durable_global_round_ = std::max(durable_global_round_, durable->second);
+      run_->durable_global_round =
+          std::max(run_->durable_global_round, durable->second);
       Changed();
     }
-    durable_writes_.erase(durable);
+    run_->durable_writes.erase(durable);
   }
-  auto it = pending_finals_.find(e.persist);
-  if (it == pending_finals_.end()) {
+  auto it = run_->pending_finals.find(e.persist);
+  if (it == run_->pending_finals.end()) {
     if (e.status.ok()) return;
     if (!Active())
       return ReportError(absl::StrCat("saving ", e.what), e.status);
@@ -642,7 +658,7 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
     return Fail(absl::StrCat("saving ", e.what), e.status);
   }
   PendingFinal pending = std::move(it->second);
-  pending_finals_.erase(it);
+  run_->pending_finals.erase(it);
   const v1::ModelHeader& header = pending.header;
   if (!e.status.ok()) {
     // This site's disk cannot take the final model: it leaves the job
@@ -652,7 +668,8 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
         FailAndAbort(absl::StrCat("saving ", v1::ModelKind_Name(header.kind())),
                      e.status));
   }
-  absl::Status job = CheckJobId(job_.get(), options_.site, header.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, header.job_id());
   if (!job.ok()) return Reply(pending.request, ReplyFromStatus(job));
   Reply(pending.request, AcceptFinal(header, pending.model));
 }
@@ -661,10 +678,11 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
 // Outgoing calls ending, timers
 
 void SiteMachine::OnCallDone(event::CallDone& e) {
-  auto it = calls_.find(e.call);
-  if (it == calls_.end()) return;  // No longer wanted.
+  if (Stale(e.call, run_->first_call)) return;
+  auto it = run_->work.calls.find(e.call);
+  if (it == run_->work.calls.end()) return;  // No longer wanted.
   const Call call = std::move(it->second);
-  calls_.erase(it);
+  run_->work.calls.erase(it);
   switch (call.purpose) {
     case Call::Purpose::kTaskToTrainer:
       return OnTaskToTrainerDone(call, e);
@@ -693,34 +711,36 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
 }
 
 void SiteMachine::OnTimerFired(event::TimerFired& e) {
-  auto it = timers_.find(e.timer);
-  if (it == timers_.end()) return;
+  if (Stale(e.timer, run_->first_timer)) return;
+  auto it = run_->work.timers.find(e.timer);
+  if (it == run_->work.timers.end()) return;
   const Timer timer = it->second;
-  timers_.erase(it);
+  run_->work.timers.erase(it);
   switch (timer.purpose) {
     case Timer::Purpose::kRoundDeadline: {
-      auto round = rounds_.find(timer.round);
-      if (round == rounds_.end()) return;
+      auto round = run_->work.rounds.find(timer.round);
+      if (round == run_->work.rounds.end()) return;
       return OnRoundReport(timer.round, round->second->Check(now_));
     }
     case Timer::Purpose::kHeldPermission: {
-      auto held = held_.find(timer.request);
-      if (held == held_.end()) return;
+      auto held = run_->work.held.find(timer.request);
+      if (held == run_->work.held.end()) return;
       // A request waiting for a chain: the chain starts with those that
       // asked (this one is answered with them).
       MaybeLaunchChain(held->second.ask.round(), /*now_or_never=*/true);
-      held = held_.find(timer.request);
-      if (held == held_.end()) return;
+      held = run_->work.held.find(timer.request);
+      if (held == run_->work.held.end()) return;
       v1::SubmitPermissionReply reply = DecidePermission(held->second.ask);
       // Held as long as allowed: the trainer asks again at once.
       if (reply.outcome() == v1::OUTCOME_RETRY) reply.set_retry_after_ms(0);
       out_.push_back(effect::Reply{timer.request, std::move(reply)});
-      held_.erase(held);
+      run_->work.held.erase(held);
       return;
     }
     case Timer::Purpose::kAskAgain:
-      if (training_.has_value() && training_->id == timer.training &&
-          training_->ask_timer == e.timer) {
+      if (run_->work.training.has_value() &&
+          run_->work.training->id == timer.training &&
+          run_->work.training->ask_timer == e.timer) {
         AskToSubmit();
       }
       return;
@@ -729,17 +749,18 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
     case Timer::Purpose::kScatterGrace:
       return EndScatterWait(timer.round);
     case Timer::Purpose::kStartDeadline:
-      if (job_ == nullptr || record_.last_task_round.has_value() ||
-          pending_start_.has_value() || IsTerminal(record_.state)) {
+      if (run_->job == nullptr || run_->record.last_task_round.has_value() ||
+          run_->work.pending_start.has_value() ||
+          IsTerminal(run_->record.state)) {
         return;
       }
       return Fail(
           "start",
           absl::DeadlineExceededError(absl::StrCat(
               "no learn task within start_timeout_ms (",
-              absl::FormatDuration(job_->start_timeout()),
+              absl::FormatDuration(run_->job->start_timeout()),
               ") of being configured: the job was not started (starting site ",
-              job_->config().starting_site(),
+              run_->job->config().starting_site(),
               "), or its tasks never reached this site")));
     case Timer::Purpose::kFinalGrace:
       return OnFinalGrace(timer.broadcast);

@@ -142,6 +142,8 @@ struct TrainingDone {
   uint32_t round = 0;
   absl::StatusOr<Metrics> metrics;
   absl::StatusOr<TrainOutput> output;
+  // StartTraining.job_run, copied (0: not checked, for step tests).
+  uint64_t job_run = 0;
 };
 struct InitialModel {
   absl::StatusOr<std::shared_ptr<const Model>> model;
@@ -151,6 +153,15 @@ struct AggregationDone {
   absl::StatusOr<std::shared_ptr<const Model>> model;
   // RunAggregation.digest_base: the base model's ModelContentDigest.
   std::string base_digest;
+  uint64_t job_run = 0;  // RunAggregation.job_run, copied.
+};
+// An AddResult's job ran: the result is in the aggregate, or why not.
+struct ResultAdded {
+  RequestId request = 0;
+  uint32_t round = 0;
+  v1::ModelHeader header;
+  absl::Status added;
+  uint64_t job_run = 0;  // AddResult.job_run, copied.
 };
 // A Persist ended. Reported for every Persist with `notify`, and for every
 // one that failed (`what` names the file).
@@ -185,7 +196,7 @@ using Event =
                  event::ModelHeader, event::ModelBody, event::PermissionAsked,
                  event::RequestCancelled, event::ShareBest, event::CallDone,
                  event::TimerFired, event::TrainingDone, event::InitialModel,
-                 event::AggregationDone, event::PersistDone,
+                 event::AggregationDone, event::ResultAdded, event::PersistDone,
                  event::LearnerWaiting, event::Recover>;
 
 // ---------------------------------------------------------------------------
@@ -216,6 +227,9 @@ struct StartTraining {
   // Return a weight difference against `global` when the learner gives
   // full weights.
   bool weight_diff = false;
+  // The job run that asked (copy it into kTrainingDone): a training of a
+  // job that is gone is dropped when it ends.
+  uint64_t job_run = 0;
 };
 // Stop the training under way (its kTrainingDone may then never come).
 struct CancelTraining {};
@@ -239,6 +253,24 @@ struct RunAggregation {
   // no result is held while the base is read; outside the step, since it
   // reads a whole model).
   bool digest_base = false;
+  uint64_t job_run = 0;  // Copied into kAggregationDone.
+};
+// Fold a received result into its round's aggregate (a pass over the
+// model: outside any lock, on the worker that runs RunAggregation, in the
+// order given); report kResultAdded with `job`'s status. The answer to
+// `request` waits for it.
+struct AddResult {
+  RequestId request = 0;
+  uint32_t round = 0;
+  v1::ModelHeader header;
+  AggregationRound::AddJob job;
+  uint64_t job_run = 0;
+};
+// Let `held` go on the aggregation worker, after the work queued before it:
+// a dropped round's aggregator removes its offload files as it goes, which
+// is I/O the step must not do.
+struct Release {
+  std::shared_ptr<void> held;
 };
 struct SetTimer {
   TimerId timer = 0;
@@ -249,7 +281,17 @@ struct SetTimer {
 struct Persist {
   // kBestModel: the global model of `round` this site scored best, kept as
   // held-best.safetensors so that a restart does not lose it.
-  enum class What { kState, kGlobal, kFinal, kClearOffload, kBestModel };
+  // kSetAsideRound: the kept model of `round` (keep_round_models) is of a
+  // chain that lost; it is renamed with `tag`, so that no two sites
+  // disagree on what round `round`'s model was.
+  enum class What {
+    kState,
+    kGlobal,
+    kFinal,
+    kClearOffload,
+    kBestModel,
+    kSetAsideRound
+  };
   What what = What::kState;
   PersistId persist = 0;
   bool notify = false;
@@ -263,6 +305,7 @@ struct Persist {
   v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;  // kFinal.
   std::shared_ptr<const Model> model;
   std::map<std::string, std::string> metadata;
+  std::string tag;  // kSetAsideRound.
 };
 // A job was configured: the transport may connect ahead.
 struct PrepareTransport {
@@ -276,11 +319,11 @@ struct StatusChanged {};
 // base's digest if asked, then the aggregate.
 event::AggregationDone RunAggregationWork(const effect::RunAggregation& run);
 
-using Effect =
-    std::variant<effect::Send, effect::Reply, effect::StartTraining,
-                 effect::CancelTraining, effect::LoadInitialModel,
-                 effect::RunAggregation, effect::SetTimer, effect::Persist,
-                 effect::PrepareTransport, effect::StatusChanged>;
+using Effect = std::variant<effect::Send, effect::Reply, effect::StartTraining,
+                            effect::CancelTraining, effect::LoadInitialModel,
+                            effect::RunAggregation, effect::AddResult,
+                            effect::Release, effect::SetTimer, effect::Persist,
+                            effect::PrepareTransport, effect::StatusChanged>;
 using Effects = std::vector<Effect>;
 
 struct SiteMachineOptions {
@@ -321,13 +364,13 @@ class SiteMachine {
   static constexpr size_t kStateChangesKept = 64;
   absl::StatusOr<FetchSource> ModelForFetch(
       const v1::FetchModelRequest& request) const;
-  const JobView* job() const { return job_.get(); }
+  const JobView* job() const { return run_->job.get(); }
   // Whether outgoing call `call` is still wanted (retry it) or was dropped
   // (the job ended or changed, the round moved on).
-  bool WantsCall(CallId call) const { return calls_.count(call) > 0; }
-  const SiteRecord& record() const { return record_; }
+  bool WantsCall(CallId call) const { return run_->work.calls.count(call) > 0; }
+  const SiteRecord& record() const { return run_->record; }
   // Held permission requests (for tests and status).
-  size_t held_requests() const { return held_.size(); }
+  size_t held_requests() const { return run_->work.held.size(); }
 
  private:
   // What an outgoing call is for.
@@ -417,6 +460,9 @@ class SiteMachine {
     // Chain reduction: trainers put into a chain whose partial sum has not
     // come yet (they are not asked to join another).
     std::set<std::string> chained;
+    // The round is over but results are still being added: it closes once
+    // the last add ends (CloseRound).
+    bool close_when_added = false;
   };
   void Heard(uint32_t round, const std::string& trainer, absl::Time when);
   // This site's training for one round, from the learn task to submission.
@@ -490,6 +536,7 @@ class SiteMachine {
   void OnTrainingDone(event::TrainingDone& e);
   void OnInitialModel(event::InitialModel& e);
   void OnAggregationDone(event::AggregationDone& e);
+  void OnResultAdded(event::ResultAdded& e);
   void OnPersistDone(event::PersistDone& e);
   void OnLearnerWaiting(event::LearnerWaiting& e);
   void OnRecover(event::Recover& e);
@@ -578,6 +625,13 @@ class SiteMachine {
   void TakeOver(const v1::ModelHeader& header);
   // Drops what this site did on a chain that lost (design section 6).
   void DropLosingChain(const v1::ModelHeader& winner);
+  // Whether learn task `task` (scattered here) is of a chain that lost to
+  // the one this site follows now.
+  bool ScatterLost(const v1::ModelHeader& task) const;
+  // Sets aside the round models this site kept (keep_round_models) whose
+  // chain loses to `winner` over the rounds before `known` (design
+  // section 6: no two sites disagree on what a round's model was).
+  void SetAsideLostRounds(const Lineage& winner, uint32_t known);
   void AskToSubmit();
   void ScheduleAsk(absl::Duration wait);
   // The aggregator failed a call (or lacks the task): fail over or hand the
@@ -641,8 +695,14 @@ class SiteMachine {
   void ReplaceHeldModel(const Model* old, std::shared_ptr<const Model> mapped);
   absl::StatusOr<ModelAdmission> AdmitResult(const v1::ModelHeader& header,
                                              absl::Time now);
-  v1::Reply OnResult(const v1::ModelHeader& header,
-                     const absl::StatusOr<std::shared_ptr<const Model>>& model);
+  // A result's body arrived: its answer now, or nullopt when it is being
+  // added (the answer follows its kResultAdded).
+  std::optional<v1::Reply> OnResult(
+      RequestId request, const v1::ModelHeader& header,
+      const absl::StatusOr<std::shared_ptr<const Model>>& model);
+  // How the result of `header` ended in round `round`: the reply.
+  v1::Reply EndResult(uint32_t round, const v1::ModelHeader& header,
+                      const AggregationRound::ResultEnd& end);
   // The answer to `ask` now (a RETRY may be held and asked again).
   v1::SubmitPermissionReply DecidePermission(
       const v1::SubmitPermissionRequest& ask);
@@ -666,26 +726,6 @@ class SiteMachine {
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model);
 
-  const SiteMachineOptions options_;
-  absl::Time now_ = absl::InfinitePast();
-  Effects out_;
-  bool status_dirty_ = false;
-  bool permission_dirty_ = false;
-
-  std::shared_ptr<const JobView> job_;
-  std::string offload_dir_;
-  uint64_t next_lean_file_ = 1;
-  SiteRecord record_;
-  // The best model when this site holds it: scored best here as an
-  // aggregator (record_.best.site() is this site), or the input of the
-  // round it trained on that scored best (KeepBestCopy).
-  std::shared_ptr<const Model> best_model_;
-  uint32_t best_model_round_ = 0;
-  // The rounds this site gathers.
-  std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds_;
-  // When each gathering round's deadline timer is armed for.
-  std::map<uint32_t, absl::Time> armed_;
-  std::map<uint32_t, Gathering> gathering_;
   // Rounds closed and being aggregated, with their verdict.
   struct Closing {
     v1::BestRecord best;
@@ -697,42 +737,12 @@ class SiteMachine {
   // Scatters the next round of `round`'s aggregate, or finishes the job.
   void GoOnAfter(uint32_t round, const Closing& closing,
                  std::shared_ptr<const Model> next);
-  std::map<uint32_t, Closing> aggregating_;
-  std::optional<Training> training_;
-  uint64_t next_training_ = 1;
-  std::shared_ptr<const Model> current_global_;
-  uint32_t current_global_round_ = 0;  // The round it is the input of.
-  // The learn task of that round as this site accepted it (for CatchUp).
-  std::optional<v1::ModelHeader> current_task_;
   // The round's model as a broadcast brought it to this site, the round's
   // aggregator, kept for its own task (header.body_held).
   struct HeldTaskCopy {
     v1::ModelHeader header;
     std::shared_ptr<const Model> model;
   };
-  std::optional<HeldTaskCopy> held_task_copy_;
-  std::map<v1::ModelKind, std::shared_ptr<const Model>> finals_;
-  v1::SiteCounters counters_;
-  RoundCounters closed_rounds_;
-  std::map<std::string, double> metrics_;
-  std::string last_error_;
-  std::string learner_waiting_;  // Learner::WaitingFor, as last reported.
-  absl::Time last_error_time_ = absl::InfinitePast();
-  uint64_t status_version_ = 0;
-  std::deque<StateChange> state_changes_;  // The last kStateChangesKept.
-
-  std::map<CallId, Call> calls_;
-  CallId next_call_ = 1;
-  std::map<TimerId, Timer> timers_;
-  TimerId next_timer_ = 1;
-  PersistId next_persist_ = 1;
-  std::map<uint32_t, Scatter> scatters_;
-  // Learn tasks to aggregators not yet acknowledged (kept for a failover to
-  // the round's next backup).
-  std::map<uint32_t, Scatter> aggregator_tasks_;
-  std::optional<PendingStart> pending_start_;
-  std::deque<v1::Failover> failovers_;
-  std::string end_reason_;
   // Asking holders in turn to share BEST (SendBest).
   struct BestAsk {
     v1::ShareBestRequest request;
@@ -740,18 +750,6 @@ class SiteMachine {
     size_t next = 0;
     absl::Status first_error;
   };
-  std::map<uint64_t, BestAsk> best_asks_;
-  uint64_t next_best_ask_ = 1;
-  // The final round and attempt of the finals this site sends or received.
-  uint32_t final_round_ = 0;
-  uint32_t final_attempt_ = 0;
-  Lineage final_chain_;  // The finals' chain, including the final round.
-  // The global model in the store (global.safetensors): its round and chain.
-  int64_t persisted_global_round_ = -1;
-  // The same once on disk (the state file naming it written): what status
-  // shows as global_round. The state writes that will make it so.
-  int64_t durable_global_round_ = -1;
-  std::map<PersistId, int64_t> durable_writes_;
   // Writes with map_back: a lean aggregate waiting for its write and
   // mapping before it goes on (ScatterRound or FinishJob), so that whatever
   // would hold the model in memory beside its file (the next round's base,
@@ -761,19 +759,114 @@ class SiteMachine {
     Closing closing;
     std::shared_ptr<const Model> model;  // The aggregate in memory.
   };
-  std::map<PersistId, AfterGlobal> after_global_;
-  bool reloaded_ = false;  // This daemon reloaded its job on start.
-  Lineage persisted_global_lineage_;
-  std::map<RequestId, Held> held_;
-  std::map<uint64_t, Broadcast> broadcasts_;
-  uint64_t next_broadcast_ = 1;
   // Final models being written, and the requests waiting for them.
   struct PendingFinal {
     RequestId request = 0;
     v1::ModelHeader header;
     std::shared_ptr<const Model> model;
   };
-  std::map<PersistId, PendingFinal> pending_finals_;
+
+  // What is under way in a job at this site: every call, timer, round,
+  // training and broadcast in flight. Created with the job, replaced whole
+  // when the job ends here (EndActivity): a completion of something it no
+  // longer holds finds nothing and is dropped.
+  struct Work {
+    std::optional<Training> training;
+    // The rounds this site gathers.
+    std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds;
+    // When each gathering round's deadline timer is armed for.
+    std::map<uint32_t, absl::Time> armed;
+    std::map<uint32_t, Gathering> gathering;
+    std::map<uint32_t, Closing> aggregating;
+    std::map<CallId, Call> calls;
+    std::map<TimerId, Timer> timers;
+    std::map<uint32_t, Scatter> scatters;
+    // Learn tasks to aggregators not yet acknowledged (kept for a failover
+    // to the round's next backup).
+    std::map<uint32_t, Scatter> aggregator_tasks;
+    std::optional<PendingStart> pending_start;
+    std::map<uint64_t, BestAsk> best_asks;
+    std::map<RequestId, Held> held;
+    std::map<uint64_t, Broadcast> broadcasts;
+    std::map<PersistId, AfterGlobal> after_global;
+    std::optional<HeldTaskCopy> held_task_copy;
+  };
+
+  // Everything of one job at this site (design section 9): created at
+  // configure (or recovery), destroyed whole when the next job replaces it.
+  // No field is reset one by one. What status shows of an ended job stays
+  // until then; what was under way (`work`) goes when the job ends here.
+  struct JobRun {
+    uint64_t id = 0;                     // Numbered by the machine, from 1.
+    std::shared_ptr<const JobView> job;  // Null: no job yet.
+    std::string offload_dir;
+    // The first ids this run numbered: a completion with a lower id is of
+    // an earlier job (dropped and counted in stale_completions).
+    CallId first_call = 0;
+    TimerId first_timer = 0;
+    PersistId first_persist = 0;
+    uint64_t next_lean_file = 1;
+    uint64_t next_training = 1;
+    uint64_t next_broadcast = 1;
+    uint64_t next_best_ask = 1;
+    SiteRecord record;
+    // The best model when this site holds it: scored best here as an
+    // aggregator (record.best.site() is this site), or the input of the
+    // round it trained on that scored best (KeepBestCopy).
+    std::shared_ptr<const Model> best_model;
+    uint32_t best_model_round = 0;
+    std::shared_ptr<const Model> current_global;
+    uint32_t current_global_round = 0;  // The round it is the input of.
+    // The learn task of that round as this site accepted it (for CatchUp).
+    std::optional<v1::ModelHeader> current_task;
+    std::map<v1::ModelKind, std::shared_ptr<const Model>> finals;
+    v1::SiteCounters counters;
+    RoundCounters closed_rounds;
+    std::map<std::string, double> metrics;
+    std::string last_error;
+    absl::Time last_error_time = absl::InfinitePast();
+    std::deque<v1::Failover> failovers;
+    std::string end_reason;
+    // The final round and attempt of the finals this site sends or
+    // received, and their chain (including the final round).
+    uint32_t final_round = 0;
+    uint32_t final_attempt = 0;
+    Lineage final_chain;
+    // The global model in the store (global.safetensors): its round and
+    // chain.
+    int64_t persisted_global_round = -1;
+    Lineage persisted_global_lineage;
+    // The same once on disk (the state file naming it written): what status
+    // shows as global_round. The state writes that will make it so.
+    int64_t durable_global_round = -1;
+    std::map<PersistId, int64_t> durable_writes;
+    bool reloaded = false;  // This daemon reloaded its job on start.
+    // The round models this site kept (keep_round_models), by the round
+    // they are the input of, with their chain.
+    std::map<uint32_t, Lineage> kept_rounds;
+    std::map<PersistId, PendingFinal> pending_finals;
+    Work work;
+  };
+  // Whether a completion numbered `id` (a call, timer or persist) is of a
+  // job before this one; counts it if so.
+  bool Stale(uint64_t id, uint64_t first_of_run);
+
+  const SiteMachineOptions options_;
+  absl::Time now_ = absl::InfinitePast();
+  Effects out_;
+  bool status_dirty_ = false;
+  bool permission_dirty_ = false;
+  std::string learner_waiting_;  // Learner::WaitingFor, as last reported.
+  uint64_t status_version_ = 0;
+  std::deque<StateChange> state_changes_;  // The last kStateChangesKept.
+  // Numbered across jobs, so that an old job's completion matches nothing.
+  CallId next_call_ = 1;
+  TimerId next_timer_ = 1;
+  PersistId next_persist_ = 1;
+  uint64_t next_run_ = 1;
+  // Completions of a job that was gone when they came.
+  uint64_t stale_completions_ = 0;
+  std::unique_ptr<JobRun> run_;
 };
 
 }  // namespace swarm

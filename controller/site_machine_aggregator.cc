@@ -27,10 +27,10 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
     // round's task: expect every trainer but the aggregators given up on,
     // and drop those that do not come forward within the failover bounds.
     task.clear_expected_trainers();
-    const std::vector<std::string> order = job_->ElectionOrder(round);
+    const std::vector<std::string> order = run_->job->ElectionOrder(round);
     const auto given_up =
         order.begin() + std::min<size_t>(header.attempt(), order.size());
-    for (const std::string& trainer : job_->trainers()) {
+    for (const std::string& trainer : run_->job->trainers()) {
       if (std::find(order.begin(), given_up, trainer) == given_up) {
         task.add_expected_trainers(trainer);
       }
@@ -39,39 +39,41 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
   gathering.opened = now_;
   gathering.heard[header.sender()] = now_;
   absl::StatusOr<std::unique_ptr<AggregationRound>> opened =
-      AggregationRound::Open(*job_, options_.site, task, std::move(base),
-                             offload_dir_, now_);
+      AggregationRound::Open(*run_->job, options_.site, task, std::move(base),
+                             run_->offload_dir, now_);
   if (!opened.ok()) {
     return Fail(absl::StrCat("round ", round, ": aggregator"), opened.status());
   }
   AggregationRound& open = **opened;
-  rounds_[round] = std::move(*opened);
-  gathering_[round] = std::move(gathering);
+  run_->work.rounds[round] = std::move(*opened);
+  run_->work.gathering[round] = std::move(gathering);
   {
     // Every live trainer probes its aggregator (and, after a failover,
     // comes forward to the backup) within a failover timeout.
     Timer timer;
     timer.purpose = Timer::Purpose::kComeForward;
     timer.round = round;
-    SetTimer(now_ + 2 * job_->failover_timeout(), timer);
+    SetTimer(now_ + 2 * run_->job->failover_timeout(), timer);
   }
   PermissionMayChange();
   OnRoundReport(round, open.Check(now_));
 }
 
 void SiteMachine::DropSilentTrainers(uint32_t round) {
-  auto it = rounds_.find(round);
-  auto info = gathering_.find(round);
-  if (it == rounds_.end() || info == gathering_.end()) return;
-  const absl::Time silent_since = now_ - 2 * job_->failover_timeout();
-  for (const std::string& trainer : job_->trainers()) {
+  auto it = run_->work.rounds.find(round);
+  auto info = run_->work.gathering.find(round);
+  if (it == run_->work.rounds.end() || info == run_->work.gathering.end())
+    return;
+  const absl::Time silent_since = now_ - 2 * run_->job->failover_timeout();
+  for (const std::string& trainer : run_->job->trainers()) {
     if (trainer == options_.site) continue;
     auto heard = info->second.heard.find(trainer);
     const absl::Time last =
         heard == info->second.heard.end() ? info->second.opened : heard->second;
     if (last > silent_since) continue;
     if (it->second->DropTrainer(trainer, "silent: down or frozen", now_)) {
-      counters_.set_trainers_dropped(counters_.trainers_dropped() + 1);
+      run_->counters.set_trainers_dropped(run_->counters.trainers_dropped() +
+                                          1);
       ReportError(absl::StrCat("round ", round),
                   absl::UnavailableError(absl::StrCat(
                       "not waiting for ", trainer, ": not heard from for ",
@@ -81,25 +83,26 @@ void SiteMachine::DropSilentTrainers(uint32_t round) {
   }
   PermissionMayChange();
   OnRoundReport(round, it->second->Check(now_));
-  if (rounds_.count(round) > 0) {
+  if (run_->work.rounds.count(round) > 0) {
     Timer timer;
     timer.purpose = Timer::Purpose::kComeForward;
     timer.round = round;
-    SetTimer(now_ + job_->failover_timeout(), timer);
+    SetTimer(now_ + run_->job->failover_timeout(), timer);
   }
 }
 
 void SiteMachine::Heard(uint32_t round, const std::string& trainer,
                         absl::Time when) {
-  auto info = gathering_.find(round);
-  if (info != gathering_.end()) info->second.heard[trainer] = when;
+  auto info = run_->work.gathering.find(round);
+  if (info != run_->work.gathering.end()) info->second.heard[trainer] = when;
 }
 
 std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
     uint32_t round, uint32_t asked_round, const std::string& sender,
     const google::protobuf::RepeatedPtrField<v1::RoundAttempt>& chain) {
-  auto info = gathering_.find(round);
-  if (info == gathering_.end() || asked_round != round) return std::nullopt;
+  auto info = run_->work.gathering.find(round);
+  if (info == run_->work.gathering.end() || asked_round != round)
+    return std::nullopt;
   const Lineage lineage = LineageFromProto(chain);
   const int chains = CompareChains(lineage, info->second.lineage, round);
   if (chains == 0) {
@@ -112,7 +115,8 @@ std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
     // The trainer's chain wins: its task is the one to gather.
     reply.set_outcome(v1::OUTCOME_RETRY);
     reply.set_needs_learn_task(true);
-    reply.set_retry_after_ms(job_->config().request_to_submit_interval_ms());
+    reply.set_retry_after_ms(
+        run_->job->config().request_to_submit_interval_ms());
     reply.set_message(absl::StrCat("round ", round, " is gathered here on ",
                                    "a chain that loses to yours (",
                                    DescribeLineage(lineage), ")"));
@@ -127,65 +131,73 @@ std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
 }
 
 void SiteMachine::OnRoundReport(uint32_t round, const RoundReport& report) {
-  auto it = rounds_.find(round);
-  if (it == rounds_.end()) return;
+  auto it = run_->work.rounds.find(round);
+  if (it == run_->work.rounds.end()) return;
   if (!report.done) {
     const absl::Time deadline = it->second->NextDeadline();
     if (deadline == absl::InfiniteFuture()) return;
-    auto armed = armed_.find(round);
+    auto armed = run_->work.armed.find(round);
     // A timer still to come by then looks again. Not the one firing now
     // (armed at `now_`): it is this very look.
-    if (armed != armed_.end() && armed->second <= deadline &&
+    if (armed != run_->work.armed.end() && armed->second <= deadline &&
         armed->second > now_) {
       return;
     }
-    armed_[round] = deadline;
+    run_->work.armed[round] = deadline;
     Timer timer;
     timer.purpose = Timer::Purpose::kRoundDeadline;
     timer.round = round;
     SetTimer(deadline, timer);
     return;
   }
-  SWARM_LOG_INFO("round %d closed (%s): %d of %d results%s%s", round,
-                 DoneReasonName(report.reason), report.responded,
-                 report.expected, report.missing.empty() ? "" : "; missing: ",
-                 absl::StrJoin(report.missing, ","));
-  if (!report.missing.empty()) {
-    ReportError(absl::StrCat("round ", round),
-                absl::DeadlineExceededError(absl::StrCat(
-                    "no result from ", absl::StrJoin(report.missing, ","))));
-  }
   CloseRound(round);
 }
 
 void SiteMachine::CloseRound(uint32_t number) {
-  auto it = rounds_.find(number);
+  auto it = run_->work.rounds.find(number);
+  if (it->second->pending_adds() > 0) {
+    // Over, but results are still being added: on once they are (every
+    // accepted result is in the aggregate). An add is a pass over one
+    // model, so this waits a bounded time.
+    run_->work.gathering[number].close_when_added = true;
+    return;
+  }
+  const RoundReport report = it->second->Check(now_);
+  SWARM_LOG_INFO("round %d closed (%s): %d of %d results%s%s", number,
+                 DoneReasonName(report.reason), report.responded,
+                 report.expected, report.missing.empty() ? "" : "; missing: ",
+                 absl::StrJoin(report.missing, ","));
+  if (!report.missing.empty()) {
+    ReportError(absl::StrCat("round ", number),
+                absl::DeadlineExceededError(absl::StrCat(
+                    "no result from ", absl::StrJoin(report.missing, ","))));
+  }
   std::shared_ptr<AggregationRound> round = std::move(it->second);
-  rounds_.erase(it);
-  armed_.erase(number);
-  Gathering gathering = std::move(gathering_[number]);
-  gathering_.erase(number);
-  closed_rounds_.Add(round->counters());
+  run_->work.rounds.erase(it);
+  run_->work.armed.erase(number);
+  Gathering gathering = std::move(run_->work.gathering[number]);
+  run_->work.gathering.erase(number);
+  run_->closed_rounds.Add(round->counters());
   AggregationRound::Verdict verdict = round->Judge();
   if (verdict.base_is_new_best) {
-    best_model_ = round->shared_base();
-    best_model_round_ = number;
+    run_->best_model = round->shared_base();
+    run_->best_model_round = number;
     // Every trainer of the round holds this model too: the digest (set when
     // the aggregation reports it) lets a BEST from any of them be checked
     // when this site is gone at the end.
     effect::Persist keep;
     keep.what = effect::Persist::What::kBestModel;
     keep.persist = next_persist_++;
-    keep.job_id = job_->id();
+    keep.job_id = run_->job->id();
     keep.round = number;
-    keep.model = best_model_;
-    keep.metadata = best_model_->metadata();
-    keep.metadata["job"] = job_->id();
+    keep.model = run_->best_model;
+    keep.metadata = run_->best_model->metadata();
+    keep.metadata["job"] = run_->job->id();
     keep.metadata["round"] = absl::StrCat(number);
     out_.push_back(std::move(keep));
   }
-  record_.best = verdict.best;
-  counters_.set_rounds_completed(counters_.rounds_completed() + 1);
+  run_->record.best = verdict.best;
+  run_->counters.set_rounds_completed(run_->counters.rounds_completed() + 1);
   SetState(v1::SITE_STATE_AGGREGATING);
   SWARM_LOG_INFO(
       "round %d: aggregating %d results; best metric %s (round %d, %s)%s",
@@ -198,16 +210,17 @@ void SiteMachine::CloseRound(uint32_t number) {
   closing.input_score = verdict.input_score;
   closing.attempt = gathering.attempt;
   closing.lineage = std::move(gathering.lineage);
-  closing.stop_reason = EarlyStopReason(*job_, verdict.best, number);
-  aggregating_[number] = std::move(closing);
+  closing.stop_reason = EarlyStopReason(*run_->job, verdict.best, number);
+  run_->work.aggregating[number] = std::move(closing);
   PermissionMayChange();
   out_.push_back(effect::RunAggregation{number, std::move(round),
-                                        verdict.base_is_new_best});
+                                        verdict.base_is_new_best, run_->id});
 }
 
 event::AggregationDone RunAggregationWork(const effect::RunAggregation& run) {
   event::AggregationDone done;
   done.round = run.round;
+  done.job_run = run.job_run;
   if (run.digest_base) {
     done.base_digest = ModelContentDigest(run.closed->base());
     // Not read again unless results are differences: a file-backed base
@@ -219,15 +232,17 @@ event::AggregationDone RunAggregationWork(const effect::RunAggregation& run) {
 }
 
 void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
-  auto it = aggregating_.find(e.round);
-  if (it == aggregating_.end() || !Active()) return;
+  if (e.job_run != run_->id && Stale(0, 1)) return;
+  auto it = run_->work.aggregating.find(e.round);
+  if (it == run_->work.aggregating.end() || !Active()) return;
   Closing closing = it->second;
-  aggregating_.erase(it);
+  run_->work.aggregating.erase(it);
   if (!e.base_digest.empty()) {
     closing.best.set_digest(e.base_digest);
-    if (record_.best.round() == e.round &&
-        record_.best.site() == options_.site && record_.best.digest().empty()) {
-      record_.best.set_digest(e.base_digest);
+    if (run_->record.best.round() == e.round &&
+        run_->record.best.site() == options_.site &&
+        run_->record.best.digest().empty()) {
+      run_->record.best.set_digest(e.base_digest);
     }
   }
   if (!e.model.ok()) {
@@ -238,17 +253,22 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   effect::Persist global;
   global.what = effect::Persist::What::kGlobal;
   global.persist = next_persist_++;
-  global.job_id = job_->id();
+  global.job_id = run_->job->id();
   global.round = e.round + 1;
-  global.keep_round = job_->config().keep_round_models();
+  global.keep_round = run_->job->config().keep_round_models();
+  if (global.keep_round) {
+    run_->kept_rounds[e.round + 1] =
+        Extend(closing.lineage, e.round, closing.attempt);
+  }
   global.model = next;
   const bool lean = LeanFor(next->total_bytes());
   if (lean) {
     global.map_back = true;
-    after_global_[global.persist] = AfterGlobal{e.round, closing, next};
+    run_->work.after_global[global.persist] =
+        AfterGlobal{e.round, closing, next};
   }
   global.metadata = next->metadata();
-  global.metadata["job"] = job_->id();
+  global.metadata["job"] = run_->job->id();
   global.metadata["round"] = absl::StrCat(e.round + 1);
   global.metadata["aggregator"] = options_.site;
   if (closing.attempt > 0) {
@@ -260,11 +280,12 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
   }
   out_.push_back(std::move(global));
   // The state file names that global model only after it is written.
-  persisted_global_round_ = e.round + 1;
-  persisted_global_lineage_ = Extend(closing.lineage, e.round, closing.attempt);
+  run_->persisted_global_round = e.round + 1;
+  run_->persisted_global_lineage =
+      Extend(closing.lineage, e.round, closing.attempt);
   // Status says the model is on disk once the state file naming it is.
-  durable_writes_[PersistClearOffloadAndState(/*notify=*/true)] =
-      persisted_global_round_;
+  run_->durable_writes[PersistClearOffloadAndState(/*notify=*/true)] =
+      run_->persisted_global_round;
   // Lean: on once the aggregate is written and mapped (OnPersistDone). A
   // model of that size takes a fraction of a second to write to the page
   // cache; held in memory beside its file for the whole next round, it
@@ -275,12 +296,12 @@ void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
 
 void SiteMachine::GoOnAfter(uint32_t round, const Closing& closing,
                             std::shared_ptr<const Model> next) {
-  if (round < job_->last_round() && closing.stop_reason.empty()) {
+  if (round < run_->job->last_round() && closing.stop_reason.empty()) {
     ScatterRound(round + 1, std::move(next), closing.best,
                  Extend(closing.lineage, round, closing.attempt));
   } else {
-    final_attempt_ = closing.attempt;
-    final_chain_ = Extend(closing.lineage, round, closing.attempt);
+    run_->final_attempt = closing.attempt;
+    run_->final_chain = Extend(closing.lineage, round, closing.attempt);
     FinishJob(round, std::move(next), closing.best,
               closing.stop_reason.empty() ? "done: every round ran"
                                           : closing.stop_reason);
@@ -288,26 +309,27 @@ void SiteMachine::GoOnAfter(uint32_t round, const Closing& closing,
 }
 
 AggregationRound* SiteMachine::GatheringRound(uint32_t round) {
-  auto it = rounds_.find(round);
-  if (it != rounds_.end()) return it->second.get();
+  auto it = run_->work.rounds.find(round);
+  if (it != run_->work.rounds.end()) return it->second.get();
   // Else the latest open one (it answers late and early requests by its
   // rules).
-  return rounds_.empty() ? nullptr : rounds_.rbegin()->second.get();
+  return run_->work.rounds.empty() ? nullptr
+                                   : run_->work.rounds.rbegin()->second.get();
 }
 
 bool SiteMachine::LeanFor(uint64_t bytes) const {
-  return job_ != nullptr && !offload_dir_.empty() &&
-         bytes >= job_->config().lean_memory_min_model_bytes();
+  return run_->job != nullptr && !run_->offload_dir.empty() &&
+         bytes >= run_->job->config().lean_memory_min_model_bytes();
 }
 
 std::string SiteMachine::LeanPath(absl::string_view what) {
   // The job's folder (the offload folder's parent): the offload folder is
   // emptied after every aggregation, which must not touch a file being
   // received.
-  const size_t slash = offload_dir_.rfind('/');
+  const size_t slash = run_->offload_dir.rfind('/');
   const std::string folder =
-      slash == std::string::npos ? "." : offload_dir_.substr(0, slash);
-  return absl::StrCat(folder, "/", what, "-", next_lean_file_++,
+      slash == std::string::npos ? "." : run_->offload_dir.substr(0, slash);
+  return absl::StrCat(folder, "/", what, "-", run_->next_lean_file++,
                       ".safetensors");
 }
 
@@ -316,22 +338,24 @@ void SiteMachine::ReplaceHeldModel(const Model* old,
   auto swap = [&](std::shared_ptr<const Model>& held) {
     if (held != nullptr && held.get() == old) held = mapped;
   };
-  swap(current_global_);
-  swap(best_model_);
-  if (training_.has_value()) swap(training_->global);
-  for (auto& [round, scatter] : scatters_) swap(scatter.global);
-  for (auto& [round, task] : aggregator_tasks_) swap(task.global);
-  for (auto& [id, broadcast] : broadcasts_) swap(broadcast.best_model);
-  for (auto& [kind, model] : finals_) swap(model);
+  swap(run_->current_global);
+  swap(run_->best_model);
+  if (run_->work.training.has_value()) swap(run_->work.training->global);
+  for (auto& [round, scatter] : run_->work.scatters) swap(scatter.global);
+  for (auto& [round, task] : run_->work.aggregator_tasks) swap(task.global);
+  for (auto& [id, broadcast] : run_->work.broadcasts)
+    swap(broadcast.best_model);
+  for (auto& [kind, model] : run_->finals) swap(model);
 }
 
 bool SiteMachine::OwnResultFirst(uint32_t round) const {
-  if (!training_.has_value() || training_->round != round ||
-      training_->aggregator != options_.site || training_->submitted ||
-      training_->global == nullptr) {
+  if (!run_->work.training.has_value() || run_->work.training->round != round ||
+      run_->work.training->aggregator != options_.site ||
+      run_->work.training->submitted ||
+      run_->work.training->global == nullptr) {
     return false;
   }
-  return LeanFor(training_->global->total_bytes());
+  return LeanFor(run_->work.training->global->total_bytes());
 }
 
 absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
@@ -377,20 +401,57 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
   return answer;
 }
 
-v1::Reply SiteMachine::OnResult(
-    const v1::ModelHeader& header,
+std::optional<v1::Reply> SiteMachine::OnResult(
+    RequestId request, const v1::ModelHeader& header,
     const absl::StatusOr<std::shared_ptr<const Model>>& model) {
   PermissionMayChange();
   AggregationRound* target = GatheringRound(header.round());
   if (target == nullptr) {
-    ++closed_rounds_.rejected;
+    ++run_->closed_rounds.rejected;
     return MakeReply(v1::OUTCOME_REJECTED,
                      absl::StrCat("round ", header.round(),
                                   " closed before the result was complete"));
   }
   const uint32_t round = target->round();
   Heard(round, header.sender(), now_);
-  AggregationRound::ResultEnd end = target->CompleteResult(header, model, now_);
+  auto received = target->ReceiveResult(header, model, now_);
+  if (auto* end = std::get_if<AggregationRound::ResultEnd>(&received)) {
+    return EndResult(round, header, *end);
+  }
+  // Added outside the step (design section 9): the round stays open (its
+  // slot held) until the add ends.
+  out_.push_back(effect::AddResult{
+      request, round, header,
+      std::move(std::get<AggregationRound::AddJob>(received)), run_->id});
+  return std::nullopt;
+}
+
+void SiteMachine::OnResultAdded(event::ResultAdded& e) {
+  if (e.job_run != run_->id && Stale(0, 1)) return;
+  PermissionMayChange();
+  auto it = run_->work.rounds.find(e.round);
+  if (it == run_->work.rounds.end()) {
+    // Dropped meanwhile (its chain lost, the job ended here).
+    ++run_->closed_rounds.rejected;
+    return Reply(e.request,
+                 MakeReply(v1::OUTCOME_REJECTED,
+                           absl::StrCat("round ", e.round, " was dropped ",
+                                        "before the result was added")));
+  }
+  AggregationRound& target = *it->second;
+  const AggregationRound::ResultEnd end =
+      target.FinishResult(e.header, e.added, now_);
+  Reply(e.request, EndResult(e.round, e.header, end));
+  auto gathering = run_->work.gathering.find(e.round);
+  if (gathering != run_->work.gathering.end() &&
+      gathering->second.close_when_added &&
+      run_->work.rounds.count(e.round) > 0 && target.pending_adds() == 0) {
+    CloseRound(e.round);
+  }
+}
+
+v1::Reply SiteMachine::EndResult(uint32_t round, const v1::ModelHeader& header,
+                                 const AggregationRound::ResultEnd& end) {
   if (IsStorageError(end.refused)) {
     // This site's disk failed under the result (full, failing): the result
     // is not at fault, and the site cannot gather. It leaves the job; the
@@ -416,28 +477,28 @@ v1::Reply SiteMachine::OnResult(
 v1::SubmitPermissionReply SiteMachine::DecidePermission(
     const v1::SubmitPermissionRequest& ask) {
   v1::SubmitPermissionReply reply;
-  absl::Status job = CheckJobId(job_.get(), options_.site, ask.job_id());
+  absl::Status job = CheckJobId(run_->job.get(), options_.site, ask.job_id());
   if (!job.ok()) {
     reply.set_outcome(v1::OUTCOME_REJECTED);
     reply.set_message(std::string(job.message()));
     return reply;
   }
-  if (IsTerminal(record_.state)) {
-    const v1::Reply ended = ReplyFromStatus(JobEndedHere(record_));
+  if (IsTerminal(run_->record.state)) {
+    const v1::Reply ended = ReplyFromStatus(JobEndedHere(run_->record));
     reply.set_outcome(ended.outcome());
     reply.set_message(ended.message());
     return reply;
   }
-  const uint64_t retry_ms = job_->config().request_to_submit_interval_ms();
+  const uint64_t retry_ms = run_->job->config().request_to_submit_interval_ms();
   AggregationRound* target = GatheringRound(ask.round());
   if (target == nullptr || (target->round() < ask.round())) {
     // Not gathered here: ahead of this site, or a round it holds as a
     // trainer only (it is a backup now): either way it lacks the task.
-    const bool lacking = !record_.last_task_round.has_value() ||
-                         ask.round() > *record_.last_task_round ||
-                         (ask.round() == *record_.last_task_round &&
-                          record_.round_aggregator != options_.site &&
-                          aggregating_.count(ask.round()) == 0);
+    const bool lacking = !run_->record.last_task_round.has_value() ||
+                         ask.round() > *run_->record.last_task_round ||
+                         (ask.round() == *run_->record.last_task_round &&
+                          run_->record.round_aggregator != options_.site &&
+                          run_->work.aggregating.count(ask.round()) == 0);
     reply.set_outcome(lacking ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
     reply.set_needs_learn_task(lacking);
     reply.set_message(
@@ -470,7 +531,8 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
     Heard(round, ask.sender(), now_);
     return reply;
   }
-  gathering_[round].chained.erase(ask.sender());  // It asks on its own.
+  run_->work.gathering[round].chained.erase(
+      ask.sender());  // It asks on its own.
   if (ChainAsk(ask, *target)) {
     // Held with the others until the chain starts (MaybeLaunchChain).
     reply.set_outcome(v1::OUTCOME_RETRY);
@@ -503,7 +565,7 @@ void SiteMachine::OnPermissionAsked(event::PermissionAsked& e) {
       !e.ask.probe()) {
     // Held until a slot frees or the round opens (AnswerHeldRequests), or
     // its deadline: no trainer sleeps while a slot is free.
-    held_[e.request] = Held{e.ask, e.hold_until};
+    run_->work.held[e.request] = Held{e.ask, e.hold_until};
     Timer timer;
     timer.purpose = Timer::Purpose::kHeldPermission;
     timer.request = e.request;
@@ -515,23 +577,24 @@ void SiteMachine::OnPermissionAsked(event::PermissionAsked& e) {
 }
 
 void SiteMachine::OnRequestCancelled(event::RequestCancelled& e) {
-  held_.erase(e.request);
+  run_->work.held.erase(e.request);
 }
 
 void SiteMachine::AnswerHeldRequests() {
   // Asked in arrival order: the first held trainer gets the first slot.
-  for (auto it = held_.begin(); it != held_.end();) {
+  for (auto it = run_->work.held.begin(); it != run_->work.held.end();) {
     v1::SubmitPermissionReply reply = DecidePermission(it->second.ask);
     if (reply.outcome() == v1::OUTCOME_RETRY) {
       ++it;
       continue;
     }
     out_.push_back(effect::Reply{it->first, std::move(reply)});
-    it = held_.erase(it);
+    it = run_->work.held.erase(it);
   }
   // A trainer dropped or a result in: the chain may not wait any longer.
   std::vector<uint32_t> rounds;
-  for (const auto& [round, gathered] : rounds_) rounds.push_back(round);
+  for (const auto& [round, gathered] : run_->work.rounds)
+    rounds.push_back(round);
   for (uint32_t round : rounds) MaybeLaunchChain(round, false);
 }
 

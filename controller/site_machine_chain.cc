@@ -38,7 +38,7 @@ bool SiteMachine::Probing(const Training& task) const {
 // would arrive beside its training's models (OwnResultFirst).
 bool SiteMachine::ChainAsk(const v1::SubmitPermissionRequest& ask,
                            AggregationRound& target) {
-  return job_->config().reduce_results_in_chain() && !ask.direct() &&
+  return run_->job->config().reduce_results_in_chain() && !ask.direct() &&
          !ask.probe() && ask.sender() != options_.site &&
          ask.round() == target.round() && !OwnResultFirst(target.round()) &&
          target.CanJoinChain(ask.sender(), ask.round(), now_) &&
@@ -50,14 +50,14 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
   if (target == nullptr || target->round() != round) return;
   std::vector<RequestId> waiting;  // In arrival order.
   std::set<std::string> asking;
-  for (const auto& [request, held] : held_) {
+  for (const auto& [request, held] : run_->work.held) {
     if (held.ask.round() == round && ChainAsk(held.ask, *target)) {
       waiting.push_back(request);
       asking.insert(held.ask.sender());
     }
   }
   if (waiting.empty()) return;
-  const std::set<std::string>& chained = gathering_[round].chained;
+  const std::set<std::string>& chained = run_->work.gathering[round].chained;
   if (!now_or_never) {
     for (const std::string& trainer : target->IdleTrainers()) {
       if (trainer != options_.site && asking.count(trainer) == 0 &&
@@ -68,17 +68,17 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
   }
   if (waiting.size() == 1) {
     // A chain of one is a direct submission.
-    auto held = held_.find(waiting.front());
+    auto held = run_->work.held.find(waiting.front());
     held->second.ask.set_direct(true);
     v1::SubmitPermissionReply reply = DecidePermission(held->second.ask);
     if (reply.outcome() == v1::OUTCOME_RETRY) return;  // Held on, as direct.
     out_.push_back(effect::Reply{held->first, std::move(reply)});
-    held_.erase(held);
+    run_->work.held.erase(held);
     return;
   }
   std::vector<std::string> members;
   for (RequestId request : waiting)
-    members.push_back(held_[request].ask.sender());
+    members.push_back(run_->work.held[request].ask.sender());
   for (size_t i = 0; i < waiting.size(); ++i) {
     v1::SubmitPermissionReply reply;
     reply.set_outcome(v1::OUTCOME_OK);
@@ -95,15 +95,15 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
       // frame): a failover timeout per hop before it bounds the wait.
       reply.set_reduce_member(true);
       reply.set_reduce_wait_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(
-          job_->failover_timeout() * static_cast<int64_t>(i + 1))));
+          run_->job->failover_timeout() * static_cast<int64_t>(i + 1))));
       reply.set_message(absl::StrCat("round ", round,
                                      ": the reduction chain from ", members[0],
                                      " passes through you"));
     }
-    gathering_[round].chained.insert(members[i]);
+    run_->work.gathering[round].chained.insert(members[i]);
     Heard(round, members[i], now_);
     out_.push_back(effect::Reply{waiting[i], std::move(reply)});
-    held_.erase(waiting[i]);
+    run_->work.held.erase(waiting[i]);
   }
   SWARM_LOG_INFO("round %d: reduction chain %s -> %s", round,
                  absl::StrJoin(members, " -> "), options_.site);
@@ -122,7 +122,7 @@ v1::Contribution SiteMachine::OwnContribution(const Training& task) const {
 }
 
 void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   std::vector<std::string> rest(reply.reduce_to().begin(),
                                 reply.reduce_to().end());
   if (task.result == nullptr || task.result_header.failed() ||
@@ -147,11 +147,11 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
     message.header.add_relay_to(rest[i]);
   }
   message.model = task.result;
-  message.timeout = job_->learn_task_ack_timeout();
+  message.timeout = run_->job->learn_task_ack_timeout();
   // A hop frozen further down stalls every hop above it until its own
   // forwarder gives it up: the first hop waits longest.
   message.relay_stall =
-      job_->failover_timeout() * static_cast<int64_t>(rest.size() + 1);
+      run_->job->failover_timeout() * static_cast<int64_t>(rest.size() + 1);
   Call call;
   call.purpose = Call::Purpose::kChainSubmit;
   call.round = task.round;
@@ -160,16 +160,17 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
   Send(rest.front(), std::move(message), call, /*retry=*/false);
   // Probed meanwhile, as after any submission: the aggregator hears from
   // this site, and its death moves the round to a backup.
-  ScheduleAsk(job_->failover_timeout() / 2);
+  ScheduleAsk(run_->job->failover_timeout() / 2);
 }
 
 void SiteMachine::OnChainSubmitDone(const Call& call,
                                     const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round ||
-      training_->chain != Training::InChain::kHead || !Active()) {
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != call.round ||
+      run_->work.training->chain != Training::InChain::kHead || !Active()) {
     return;
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   absl::Status status =
       e.reply.ok() ? StatusFromHopReply(e.reply->reply) : e.reply.status();
   if (!status.ok()) {
@@ -198,16 +199,17 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
           "contributions: names ", options_.site,
           ", the site it is sent to (a partial sum passes a site once)"));
     }
-    if (!job_->IsTrainer(contribution.site())) {
+    if (!run_->job->IsTrainer(contribution.site())) {
       return absl::InvalidArgumentError(
           absl::StrCat("contributions: ", contribution.site(),
-                       " is not a trainer of job ", job_->id()));
+                       " is not a trainer of job ", run_->job->id()));
     }
   }
-  if (!training_.has_value() || training_->round != header.round()) {
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != header.round()) {
     return refuse("it trains no such round");
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   if (!task.trained || task.result == nullptr || task.result_header.failed()) {
     return refuse("it has no result for the round");
   }
@@ -238,7 +240,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
   admission.chain_hop = std::move(hop);
   task.chain = Training::InChain::kContributing;
   SetState(v1::SITE_STATE_SUBMITTING);
-  if (task.ask_timer == 0) ScheduleAsk(job_->failover_timeout() / 2);
+  if (task.ask_timer == 0) ScheduleAsk(run_->job->failover_timeout() / 2);
   return admission;
 }
 
@@ -246,9 +248,10 @@ v1::Reply SiteMachine::OnPartialPassedOn(const v1::ModelHeader& header,
                                          const absl::Status& status) {
   const std::string next =
       header.relay_to_size() > 0 ? header.relay_to(0) : std::string();
-  const bool mine = training_.has_value() &&
-                    training_->round == header.round() &&
-                    training_->chain == Training::InChain::kContributing;
+  const bool mine =
+      run_->work.training.has_value() &&
+      run_->work.training->round == header.round() &&
+      run_->work.training->chain == Training::InChain::kContributing;
   if (!status.ok()) {
     if (mine && Active()) {
       LeaveChain(absl::StrCat("passing the partial sum from ", header.sender(),
@@ -257,7 +260,7 @@ v1::Reply SiteMachine::OnPartialPassedOn(const v1::ModelHeader& header,
     }
     return ReplyFromStatus(status);
   }
-  if (mine) ResultIsIn(*training_);
+  if (mine) ResultIsIn(*run_->work.training);
   SWARM_LOG_INFO(
       "round %d: added this site's result to the partial sum "
       "from %s; %s took it",
@@ -267,7 +270,7 @@ v1::Reply SiteMachine::OnPartialPassedOn(const v1::ModelHeader& header,
 }
 
 void SiteMachine::LeaveChain(const std::string& what, const absl::Status& why) {
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   ReportError(absl::StrCat("round ", task.round, ": ", what,
                            "; submitting this site's result directly"),
               why);

@@ -23,8 +23,8 @@ void SiteMachine::FinishJob(uint32_t last_round,
                             v1::BestRecord best, const std::string& reason) {
   if (!Active()) return;
   SetState(v1::SITE_STATE_DISTRIBUTING);
-  final_round_ = last_round;
-  end_reason_ = reason;
+  run_->final_round = last_round;
+  run_->end_reason = reason;
   Broadcast then;
   then.then_best = true;
   then.best = best;
@@ -32,13 +32,14 @@ void SiteMachine::FinishJob(uint32_t last_round,
   if (!best.present()) {
     // No round produced a usable metric: the last model is also the best.
     then.best_model = last;
-  } else if (best_model_ != nullptr && best_model_round_ == best.round()) {
-    then.best_model = best_model_;  // Scored here, or trained on here.
+  } else if (run_->best_model != nullptr &&
+             run_->best_model_round == best.round()) {
+    then.best_model = run_->best_model;  // Scored here, or trained on here.
   }
   SWARM_LOG_INFO(
       "job %s: finishing after round %d (%s); best %s from %s "
       "(round %d)",
-      job_->id(), last_round, reason, FormatMetric(best),
+      run_->job->id(), last_round, reason, FormatMetric(best),
       best.present() ? best.site() : "-", best.round());
   // LAST first: it carries the final best record from this site, the one
   // every site trusts for it, so that a BEST from another holder is then
@@ -54,45 +55,45 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
                                  std::vector<std::string> targets) {
   v1::ModelHeader header = BaseHeader(kind, round);
   *header.mutable_best() = best;
-  header.set_final_round(final_round_);
-  header.set_attempt(final_attempt_);
-  LineageToProto(final_chain_, header.mutable_lineage());
+  header.set_final_round(run_->final_round);
+  header.set_attempt(run_->final_attempt);
+  LineageToProto(run_->final_chain, header.mutable_lineage());
   auto& metadata = *header.mutable_metadata();
-  if (!end_reason_.empty()) metadata["end_reason"] = end_reason_;
-  metadata["job"] = job_->id();
+  if (!run_->end_reason.empty()) metadata["end_reason"] = run_->end_reason;
+  metadata["job"] = run_->job->id();
   metadata["round"] = absl::StrCat(round);
   metadata["kind"] = kind == v1::MODEL_KIND_BEST ? "best" : "last";
   metadata["source_site"] = options_.site;
   if (kind == v1::MODEL_KIND_BEST && best.present()) {
-    metadata["metric_name"] = job_->config().metric_name();
+    metadata["metric_name"] = run_->job->config().metric_name();
     metadata["metric"] = absl::StrCat(best.metric());
     metadata["best_site"] = best.site();
   }
-  if (targets.empty()) targets = job_->site_names();
-  const uint64_t id = next_broadcast_++;
+  if (targets.empty()) targets = run_->job->site_names();
+  const uint64_t id = run_->next_broadcast++;
   then.kind = kind;
   then.pending.insert(targets.begin(), targets.end());
-  broadcasts_[id] = std::move(then);
+  run_->work.broadcasts[id] = std::move(then);
   for (const std::string& target : targets) {
     PeerMessage message;
     message.kind = CallKind::kFinalResult;
     message.header = header;
     message.model = model;
-    message.timeout = job_->final_result_ack_timeout();
+    message.timeout = run_->job->final_result_ack_timeout();
     Call call;
     call.purpose = Call::Purpose::kFinal;
     call.round = round;
     call.broadcast = id;
     Send(target, std::move(message), call, /*retry=*/true,
-         now_ + job_->final_result_ack_timeout());
+         now_ + run_->job->final_result_ack_timeout());
   }
 }
 
 void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
   absl::Status status =
       e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
-  auto it = broadcasts_.find(call.broadcast);
-  if (it == broadcasts_.end()) return;
+  auto it = run_->work.broadcasts.find(call.broadcast);
+  if (it == run_->work.broadcasts.end()) return;
   const uint64_t id = it->first;
   Broadcast& broadcast = it->second;
   broadcast.pending.erase(call.target);
@@ -111,12 +112,12 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
       Timer timer;
       timer.purpose = Timer::Purpose::kFinalGrace;
       timer.broadcast = id;
-      SetTimer(now_ + job_->failover_timeout(), timer);
+      SetTimer(now_ + run_->job->failover_timeout(), timer);
     }
   }
   if (!broadcast.pending.empty()) return;
   Broadcast done = std::move(broadcast);
-  broadcasts_.erase(it);
+  run_->work.broadcasts.erase(it);
   if (!done.first_error.ok()) {
     ReportError(done.kind == v1::MODEL_KIND_LAST ? "distributing LAST"
                                                  : "distributing BEST",
@@ -129,9 +130,9 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
 }
 
 void SiteMachine::OnBestDeadline(uint32_t last_round) {
-  if (job_ == nullptr || IsTerminal(record_.state) ||
-      finals_.count(v1::MODEL_KIND_BEST) > 0 ||
-      finals_.count(v1::MODEL_KIND_LAST) == 0) {
+  if (run_->job == nullptr || IsTerminal(run_->record.state) ||
+      run_->finals.count(v1::MODEL_KIND_BEST) > 0 ||
+      run_->finals.count(v1::MODEL_KIND_LAST) == 0) {
     return;
   }
   Fail(
@@ -139,13 +140,13 @@ void SiteMachine::OnBestDeadline(uint32_t last_round) {
       absl::DeadlineExceededError(absl::StrCat(
           "LAST of round ", last_round, " arrived but no BEST within twice ",
           "final_result_ack_timeout_ms; no site holding the best model (round ",
-          record_.best.round(), ", scored by ", record_.best.site(),
+          run_->record.best.round(), ", scored by ", run_->record.best.site(),
           ") gave it")));
 }
 
 void SiteMachine::OnFinalGrace(uint64_t id) {
-  auto it = broadcasts_.find(id);
-  if (it == broadcasts_.end() || it->second.advanced) return;
+  auto it = run_->work.broadcasts.find(id);
+  if (it == run_->work.broadcasts.end() || it->second.advanced) return;
   Broadcast& broadcast = it->second;
   broadcast.advanced = true;
   std::vector<std::string> waiting(broadcast.pending.begin(),
@@ -153,7 +154,7 @@ void SiteMachine::OnFinalGrace(uint64_t id) {
   SWARM_LOG_WARNING(
       "job %s: LAST not yet acknowledged by %s; BEST goes to the others now, "
       "to them when they acknowledge (retried for final_result_ack_timeout_ms)",
-      job_->id(), absl::StrJoin(waiting, ","));
+      run_->job->id(), absl::StrJoin(waiting, ","));
   SendBest(broadcast, std::vector<std::string>(broadcast.acked.begin(),
                                                broadcast.acked.end()));
 }
@@ -171,29 +172,29 @@ void SiteMachine::SendBest(const Broadcast& done,
   // Asked of the holders in turn: the site that scored it, then every
   // other site (those that trained on it hold a copy; the others refuse).
   BestAsk ask;
-  ask.request.set_job_id(job_->id());
+  ask.request.set_job_id(run_->job->id());
   ask.request.set_sender(options_.site);
   *ask.request.mutable_best() = best;
-  ask.request.set_final_round(final_round_);
-  ask.request.set_attempt(final_attempt_);
-  LineageToProto(final_chain_, ask.request.mutable_lineage());
+  ask.request.set_final_round(run_->final_round);
+  ask.request.set_attempt(run_->final_attempt);
+  LineageToProto(run_->final_chain, ask.request.mutable_lineage());
   for (const std::string& target : targets) ask.request.add_targets(target);
-  if (job_->Site(best.site()) != nullptr && best.site() != options_.site) {
+  if (run_->job->Site(best.site()) != nullptr && best.site() != options_.site) {
     ask.holders.push_back(best.site());
   }
-  for (const std::string& site : job_->site_names()) {
+  for (const std::string& site : run_->job->site_names()) {
     if (site != options_.site && site != best.site()) {
       ask.holders.push_back(site);
     }
   }
-  const uint64_t id = next_best_ask_++;
-  best_asks_[id] = std::move(ask);
+  const uint64_t id = run_->next_best_ask++;
+  run_->work.best_asks[id] = std::move(ask);
   AskNextHolder(id);
 }
 
 void SiteMachine::AskNextHolder(uint64_t id) {
-  auto it = best_asks_.find(id);
-  if (it == best_asks_.end()) return;
+  auto it = run_->work.best_asks.find(id);
+  if (it == run_->work.best_asks.end()) return;
   BestAsk& ask = it->second;
   if (ask.next >= ask.holders.size()) {
     ReportError(
@@ -202,14 +203,14 @@ void SiteMachine::AskNextHolder(uint64_t id) {
             "no site gave the best model of round ", ask.request.best().round(),
             " (asked ", absl::StrJoin(ask.holders, ","), "; first: ",
             ask.first_error.ok() ? "none" : ask.first_error.message(), ")")));
-    best_asks_.erase(it);
+    run_->work.best_asks.erase(it);
     return;
   }
   const std::string holder = ask.holders[ask.next++];
   PeerMessage message;
   message.kind = CallKind::kShareBest;
   message.share_best = ask.request;
-  message.timeout = job_->final_result_ack_timeout();
+  message.timeout = run_->job->final_result_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kShareBest;
   call.round = ask.request.best().round();
@@ -218,8 +219,8 @@ void SiteMachine::AskNextHolder(uint64_t id) {
 }
 
 void SiteMachine::OnShareBestDone(const Call& call, const event::CallDone& e) {
-  auto it = best_asks_.find(call.broadcast);
-  if (it == best_asks_.end()) return;
+  auto it = run_->work.best_asks.find(call.broadcast);
+  if (it == run_->work.best_asks.end()) return;
   const absl::Status status =
       e.reply.ok() ? StatusFromReply(e.reply->reply) : e.reply.status();
   if (status.ok()) {
@@ -227,10 +228,10 @@ void SiteMachine::OnShareBestDone(const Call& call, const event::CallDone& e) {
       SWARM_LOG_WARNING(
           "job %s: BEST of round %d comes from %s (its scorer %s did not "
           "give it)",
-          job_->id(), call.round, call.target,
+          run_->job->id(), call.round, call.target,
           it->second.request.best().site());
     }
-    best_asks_.erase(it);
+    run_->work.best_asks.erase(it);
     return;
   }
   if (it->second.first_error.ok()) {
@@ -242,12 +243,13 @@ void SiteMachine::OnShareBestDone(const Call& call, const event::CallDone& e) {
 
 void SiteMachine::OnShareBest(event::ShareBest& e) {
   const v1::ShareBestRequest& request = e.share;
-  absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, request.job_id());
   if (!job.ok()) return Reply(e.request, ReplyFromStatus(job));
   // The final round's aggregator asks (at any attempt, and after an early
   // stop: any candidate may be it; the BEST it triggers is still checked by
   // every receiver against its own record).
-  if (!job_->IsCandidate(request.sender())) {
+  if (!run_->job->IsCandidate(request.sender())) {
     return Reply(e.request,
                  MakeReply(v1::OUTCOME_REJECTED,
                            absl::StrCat("only the final round's aggregator "
@@ -255,7 +257,8 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
                                         "not ",
                                         request.sender())));
   }
-  if (best_model_ == nullptr || best_model_round_ != request.best().round()) {
+  if (run_->best_model == nullptr ||
+      run_->best_model_round != request.best().round()) {
     return Reply(e.request,
                  MakeReply(v1::OUTCOME_REJECTED,
                            absl::StrCat("site ", options_.site,
@@ -264,10 +267,10 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
                                         request.best().round())));
   }
   // The holder distributes BEST itself; the reply does not wait for it.
-  final_round_ = request.final_round();
-  final_attempt_ = request.attempt();
-  final_chain_ = LineageFromProto(request.lineage());
-  BroadcastFinal(v1::MODEL_KIND_BEST, best_model_, request.best().round(),
+  run_->final_round = request.final_round();
+  run_->final_attempt = request.attempt();
+  run_->final_chain = LineageFromProto(request.lineage());
+  BroadcastFinal(v1::MODEL_KIND_BEST, run_->best_model, request.best().round(),
                  request.best(), Broadcast(),
                  std::vector<std::string>(request.targets().begin(),
                                           request.targets().end()));
@@ -276,9 +279,9 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
 
 v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
                                    std::shared_ptr<const Model> model) {
-  finals_[header.kind()] = model;
-  if (header.kind() == v1::MODEL_KIND_LAST && training_.has_value() &&
-      training_->round <= header.round()) {
+  run_->finals[header.kind()] = model;
+  if (header.kind() == v1::MODEL_KIND_LAST && run_->work.training.has_value() &&
+      run_->work.training->round <= header.round()) {
     // The job's outcome is here: this site's last result is not needed for
     // a resubmission any more, and its round is over. The training record
     // goes with it (as at the next learn task), and with it the probing of
@@ -286,41 +289,43 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
     // this site hand a finished round to a backup (with lean memory its
     // models were let go already).
     out_.push_back(effect::CancelTraining{});
-    training_.reset();
+    run_->work.training.reset();
   }
-  record_.final_rounds[header.kind()] = header.round();
+  run_->record.final_rounds[header.kind()] = header.round();
   // The record is taken only from the last round's aggregator (who closed
   // the last round and so knows the final best); a BEST from the holder
   // carries the record this site already has (AdmitStream checked it).
   if (header.sender() ==
-          job_->AggregatorAt(header.final_round(), header.attempt()) ||
+          run_->job->AggregatorAt(header.final_round(), header.attempt()) ||
       header.sender() == options_.site) {
-    record_.best = header.best();
+    run_->record.best = header.best();
     if (header.kind() == v1::MODEL_KIND_LAST) {
-      record_.final_lineage = LineageFromProto(header.lineage());
+      run_->record.final_lineage = LineageFromProto(header.lineage());
+      SetAsideLostRounds(*run_->record.final_lineage, header.final_round() + 1);
     }
     auto reason = header.metadata().find("end_reason");
-    if (reason != header.metadata().end()) end_reason_ = reason->second;
+    if (reason != header.metadata().end()) run_->end_reason = reason->second;
   }
   PermissionMayChange();
   SWARM_LOG_INFO("job %s: %s model of round %d received from %s",
                  header.job_id(),
                  header.kind() == v1::MODEL_KIND_BEST ? "BEST" : "LAST",
                  header.round(), header.sender());
-  if (finals_.count(v1::MODEL_KIND_BEST) > 0 &&
-      finals_.count(v1::MODEL_KIND_LAST) > 0 && !IsTerminal(record_.state)) {
+  if (run_->finals.count(v1::MODEL_KIND_BEST) > 0 &&
+      run_->finals.count(v1::MODEL_KIND_LAST) > 0 &&
+      !IsTerminal(run_->record.state)) {
     SetState(v1::SITE_STATE_DONE);
     PersistState();
     SWARM_LOG_INFO("job %s: done (best metric %s)", header.job_id(),
-                   FormatMetric(record_.best));
+                   FormatMetric(run_->record.best));
   } else if (header.kind() == v1::MODEL_KIND_LAST &&
-             finals_.count(v1::MODEL_KIND_BEST) == 0) {
+             run_->finals.count(v1::MODEL_KIND_BEST) == 0) {
     // BEST follows LAST; if no holder gives it within the finals' bound,
     // the site ends failed, saying so, rather than waiting for ever.
     Timer timer;
     timer.purpose = Timer::Purpose::kBestDeadline;
     timer.round = header.round();
-    SetTimer(now_ + 2 * job_->final_result_ack_timeout(), timer);
+    SetTimer(now_ + 2 * run_->job->final_result_ack_timeout(), timer);
   }
   return MakeReply(v1::OUTCOME_OK, "stored");
 }

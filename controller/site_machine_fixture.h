@@ -208,6 +208,13 @@ class SiteMachineTest : public ::testing::Test {
       d.reply = OkReply((*admission)->reply_message);
     } else {
       Effects body = Step(event::ModelBody{id, header, std::move(model)});
+      // A result is added outside the step; its answer comes after.
+      for (const auto* add : All<effect::AddResult>(body)) {
+        Append(body,
+               Step(event::ResultAdded{add->request, add->round, add->header,
+                                       add->job.Run(), add->job_run}));
+        break;
+      }
       for (const auto* p : All<effect::Persist>(body)) {
         if (p->what != What::kFinal || !p->notify) continue;
         Append(body, Step(event::PersistDone{p->persist, {}, ""}));

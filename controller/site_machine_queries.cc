@@ -24,26 +24,27 @@ std::optional<v1::Reply> SiteMachine::CheckConfigure(const v1::JobConfig& job,
                      absl::StrCat("site ", options_.site,
                                   " is not a site of job ", job.job_id()));
   }
-  if (job_ != nullptr && record_.started && !IsTerminal(record_.state)) {
+  if (run_->job != nullptr && run_->record.started &&
+      !IsTerminal(run_->record.state)) {
     // A running job keeps its learner: refuse before touching it.
     std::string difference;
     google::protobuf::util::MessageDifferencer differ;
     differ.ReportDifferencesToString(&difference);
-    if (differ.Compare(job_->config(), job)) {
+    if (differ.Compare(run_->job->config(), job)) {
       *already = true;
       return MakeReply(v1::OUTCOME_OK, "already configured with this job");
     }
-    if (job.job_id() == job_->id()) {
+    if (job.job_id() == run_->job->id()) {
       return MakeReply(
           v1::OUTCOME_REJECTED,
-          absl::StrCat("site ", options_.site, " runs job ", job_->id(),
+          absl::StrCat("site ", options_.site, " runs job ", run_->job->id(),
                        " with another config (",
                        absl::StripTrailingAsciiWhitespace(difference),
                        "; the first is what it accepted)"));
     }
-    return MakeReply(
-        v1::OUTCOME_REJECTED,
-        absl::StrCat("site ", options_.site, " is running job ", job_->id()));
+    return MakeReply(v1::OUTCOME_REJECTED,
+                     absl::StrCat("site ", options_.site, " is running job ",
+                                  run_->job->id()));
   }
   return std::nullopt;
 }
@@ -52,41 +53,42 @@ v1::StatusReply SiteMachine::Status() const {
   v1::StatusReply reply;
   v1::SiteStatus* status = reply.mutable_status();
   status->set_site(options_.site);
-  if (job_ != nullptr) {
-    status->set_job_id(job_->id());
+  if (run_->job != nullptr) {
+    status->set_job_id(run_->job->id());
     status->mutable_role()->set_trainer(IsTrainer(options_.site));
   }
-  status->set_state(record_.state);
-  status->mutable_role()->set_aggregator(record_.round_aggregator ==
+  status->set_state(run_->record.state);
+  status->mutable_role()->set_aggregator(run_->record.round_aggregator ==
                                          options_.site);
   status->set_round(StatusRound());
-  status->set_aggregator(record_.round_aggregator);
-  *status->mutable_best() = record_.best;
+  status->set_aggregator(run_->record.round_aggregator);
+  *status->mutable_best() = run_->record.best;
   *status->mutable_counters() = Counters();
-  status->set_last_error(last_error_);
-  if (last_error_time_ != absl::InfinitePast()) {
-    status->set_last_error_time_ms(absl::ToUnixMillis(last_error_time_));
+  status->set_last_error(run_->last_error);
+  if (run_->last_error_time != absl::InfinitePast()) {
+    status->set_last_error_time_ms(absl::ToUnixMillis(run_->last_error_time));
   }
-  for (const auto& [name, value] : metrics_) {
+  for (const auto& [name, value] : run_->metrics) {
     (*status->mutable_metrics())[name] = value;
   }
   status->set_waiting_for(learner_waiting_);
-  status->set_attempt(record_.attempt);
-  status->set_rejoined(reloaded_);
-  status->set_global_round(durable_global_round_);
-  for (const v1::Failover& failover : failovers_) {
+  status->set_attempt(run_->record.attempt);
+  status->set_rejoined(run_->reloaded);
+  status->set_global_round(run_->durable_global_round);
+  for (const v1::Failover& failover : run_->failovers) {
     *status->add_failovers() = failover;
   }
-  std::string end_reason = end_reason_;
-  if (record_.state == v1::SITE_STATE_ABORTED) end_reason = last_error_;
-  if (IsTerminal(record_.state)) status->set_end_reason(end_reason);
+  std::string end_reason = run_->end_reason;
+  if (run_->record.state == v1::SITE_STATE_ABORTED)
+    end_reason = run_->last_error;
+  if (IsTerminal(run_->record.state)) status->set_end_reason(end_reason);
   reply.set_version(status_version_);
   return reply;
 }
 
 uint32_t SiteMachine::StatusRound() const {
-  return record_.last_task_round.value_or(job_ != nullptr ? job_->first_round()
-                                                          : 0);
+  return run_->record.last_task_round.value_or(
+      run_->job != nullptr ? run_->job->first_round() : 0);
 }
 
 std::vector<StateChange> SiteMachine::StateChangesAfter(
@@ -100,7 +102,8 @@ std::vector<StateChange> SiteMachine::StateChangesAfter(
 
 absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
     const v1::FetchModelRequest& request) const {
-  absl::Status job = CheckJobId(job_.get(), options_.site, request.job_id());
+  absl::Status job =
+      CheckJobId(run_->job.get(), options_.site, request.job_id());
   if (!job.ok()) return job;
   FetchSource source;
   switch (request.which()) {
@@ -111,10 +114,10 @@ absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
       source.final_kind = v1::MODEL_KIND_LAST;
       break;
     case v1::MODEL_SELECTOR_CURRENT:
-      if (current_global_ == nullptr) {
+      if (run_->current_global == nullptr) {
         return absl::NotFoundError("no global model yet");
       }
-      source.model = current_global_;
+      source.model = run_->current_global;
       return source;
     case v1::MODEL_SELECTOR_ROUND:
       source.round = request.round();
@@ -122,8 +125,8 @@ absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
     default:
       return absl::InvalidArgumentError("unknown model selector");
   }
-  auto it = finals_.find(source.final_kind);
-  if (it != finals_.end()) source.model = it->second;
+  auto it = run_->finals.find(source.final_kind);
+  if (it != run_->finals.end()) source.model = it->second;
   return source;
 }
 

@@ -143,6 +143,54 @@ TEST_F(SiteMachineTest, ResultForAClosedRoundIsDropped) {
   EXPECT_EQ(after.admitted.code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Design section 9: a result is added to the aggregate outside the step.
+// A round that is over while one is being added closes once it is in: the
+// trainer is told it counted, and the aggregate holds it.
+TEST_F(SiteMachineTest, RoundOverWhileAResultIsAddedClosesOnceItIsIn) {
+  const Effects open = OpenAtD(0, {"a", "b"});
+  ASSERT_EQ(AskNow("a", 0), v1::OUTCOME_OK);
+  const RequestId upload = next_request_++;
+  Step(event::ModelHeader{upload, Result("a", 0)});
+  const Effects body =
+      Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
+  const auto adds = All<effect::AddResult>(body);
+  ASSERT_EQ(adds.size(), 1u);
+  EXPECT_EQ(OutcomeOf(body, upload), std::nullopt) << "answered once added";
+  const effect::AddResult add = *adds[0];
+  Effects fx = Fire(*All<effect::SetTimer>(open).back());  // round_timeout.
+  EXPECT_THAT(All<effect::RunAggregation>(fx), IsEmpty())
+      << "closed with an add pending";
+  fx = Step(event::ResultAdded{add.request, add.round, add.header,
+                               add.job.Run(), add.job_run});
+  EXPECT_EQ(OutcomeOf(fx, upload), v1::OUTCOME_OK);
+  const auto run = All<effect::RunAggregation>(fx);
+  ASSERT_EQ(run.size(), 1u);
+  EXPECT_EQ(run[0]->closed->Judge().results, 1u);
+  EXPECT_EQ(Status().counters().results_accepted(), 1u);
+}
+
+// An add that ends after its round was dropped (here: the job was
+// aborted) answers the trainer REJECTED and changes nothing.
+TEST_F(SiteMachineTest, AddEndingAfterTheJobEndedIsDropped) {
+  OpenAtD(0, {"a", "b"});
+  ASSERT_EQ(AskNow("a", 0), v1::OUTCOME_OK);
+  const RequestId upload = next_request_++;
+  Step(event::ModelHeader{upload, Result("a", 0)});
+  const Effects body =
+      Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
+  ASSERT_EQ(All<effect::AddResult>(body).size(), 1u);
+  const effect::AddResult add = *All<effect::AddResult>(body)[0];
+  event::Abort abort{next_request_++, {}};
+  abort.abort.set_job_id("step");
+  const Effects aborted = Step(abort);
+  EXPECT_EQ(All<effect::Release>(aborted).size(), 1u)
+      << "the dropped round goes to the worker";
+  const Effects late = Step(event::ResultAdded{
+      add.request, add.round, add.header, add.job.Run(), add.job_run});
+  EXPECT_EQ(OutcomeOf(late, upload), v1::OUTCOME_REJECTED);
+  EXPECT_THAT(All<effect::RunAggregation>(late), IsEmpty());
+}
+
 // --- Gather (step 6), and what follows.
 
 TEST_F(SiteMachineTest, LastExpectedResultClosesAggregatesAndScattersNext) {

@@ -464,6 +464,55 @@ TEST_F(SiteMachineTest, FinalModelsOnlyFromKnownSendersThenDone) {
   EXPECT_EQ(Status().state(), v1::SITE_STATE_DONE);
 }
 
+// Design section 9: a completion of a job that is gone finds nothing. d
+// aggregates round 0 of job "step" lean (its aggregate goes on once written
+// and mapped); the job is aborted before the write ends, d is configured
+// for a new job and starts it (its round 0 task); then the old write's end
+// arrives. It must not scatter the old job's aggregate into the new job.
+TEST_F(SiteMachineTest, ACompletionOfAnAbortedJobIsDroppedAndCounted) {
+  const v1::JobConfig lean =
+      Job([](v1::JobConfig* j) { j->set_lean_memory_min_model_bytes(0); });
+  view_ = std::make_unique<JobView>(lean);
+  machine_ = std::make_unique<SiteMachine>(SiteMachineOptions{"d", {}});
+  Step(event::Configure{next_request_++, lean, "/ws/step/offload"});
+  ASSERT_EQ(Deliver(LearnTask(0, {"a", "b", "c"}), Shared(1)).reply.outcome(),
+            v1::OUTCOME_OK);
+  Submit("a", 0);
+  Submit("b", 0);
+  const Effects aggregated = Aggregated(Submit("c", 0).effects);
+  const effect::Persist* write = nullptr;
+  for (const auto* p : All<effect::Persist>(aggregated)) {
+    if (p->what == What::kGlobal && p->map_back) write = p;
+  }
+  ASSERT_NE(write, nullptr) << "the lean aggregate is not written";
+  EXPECT_THAT(FindSends(aggregated, CallKind::kLearnTask), IsEmpty())
+      << "a lean aggregate goes on only once written";
+  const PersistId old_write = write->persist;
+
+  event::Abort abort{next_request_++, {}};
+  abort.abort.set_job_id("step");
+  abort.abort.set_sender("admin");
+  ASSERT_EQ(OutcomeOf(Step(abort), abort.request), v1::OUTCOME_OK);
+  v1::JobConfig next = lean;
+  next.set_job_id("step-2");
+  bool already = false;
+  ASSERT_EQ(machine_->CheckConfigure(next, &already), std::nullopt);
+  Step(event::Configure{next_request_++, next, "/ws/step-2/offload"});
+  v1::ModelHeader task = LearnTask(0, {"a", "b", "c"});
+  task.set_job_id("step-2");
+  ASSERT_EQ(Deliver(task, Shared(9)).reply.outcome(), v1::OUTCOME_OK);
+  ASSERT_EQ(Status().state(), v1::SITE_STATE_GATHERING);
+
+  const Effects stale = Step(
+      event::PersistDone{old_write, absl::OkStatus(), "global", Shared(4)});
+  EXPECT_THAT(FindSends(stale, CallKind::kLearnTask), IsEmpty())
+      << "the aborted job's aggregate was scattered into the new job";
+  EXPECT_THAT(PersistKinds(stale), IsEmpty());
+  EXPECT_EQ(Status().state(), v1::SITE_STATE_GATHERING);
+  EXPECT_EQ(Status().round(), 0u);
+  EXPECT_EQ(Status().counters().stale_completions(), 1u);
+}
+
 }  // namespace
 }  // namespace site_machine_testing
 }  // namespace swarm

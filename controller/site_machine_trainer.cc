@@ -30,7 +30,7 @@ void SiteMachine::ScatterRound(uint32_t round,
                                v1::BestRecord best, const Lineage& lineage,
                                bool resume) {
   if (!Active()) return;
-  const std::vector<std::string> order = job_->ElectionOrder(round);
+  const std::vector<std::string> order = run_->job->ElectionOrder(round);
   if (order.empty()) {
     return Fail("election",
                 absl::FailedPreconditionError("no aggregator candidate"));
@@ -46,17 +46,17 @@ void SiteMachine::ScatterRound(uint32_t round,
   scatter.header.set_resume(resume);
   scatter.global = std::move(global);
   SWARM_LOG_INFO("round %d: scattering to %d trainers, aggregator %s", round,
-                 static_cast<int>(job_->trainers().size()), order[0]);
+                 static_cast<int>(run_->job->trainers().size()), order[0]);
   // Phase 1: every trainer but the aggregator; their acknowledgements form
   // the round's expected set. Phase 2: the aggregator, with that set.
-  for (const std::string& trainer : job_->trainers()) {
+  for (const std::string& trainer : run_->job->trainers()) {
     if (trainer != order[0]) scatter.waiting.insert(trainer);
   }
   if (scatter.waiting.empty()) return SendTaskToAggregator(scatter);
   // With broadcast, one stream goes along the other sites, each forwarding
   // it to the next as it arrives; this site's own task stays a loopback.
   std::vector<std::string> chain;
-  if (job_->config().broadcast_learn_tasks()) {
+  if (run_->job->config().broadcast_learn_tasks()) {
     for (const std::string& trainer : scatter.waiting) {
       if (trainer != options_.site) chain.push_back(trainer);
     }
@@ -78,7 +78,7 @@ void SiteMachine::ScatterRound(uint32_t round,
       scatter.header.clear_aggregator_task_follows();
     }
   }
-  Scatter& stored = scatters_[round] = std::move(scatter);
+  Scatter& stored = run_->work.scatters[round] = std::move(scatter);
   for (const std::string& target : stored.waiting) {
     if (chain.empty() || target == options_.site) {
       SendTaskToTrainer(stored, target);
@@ -92,7 +92,7 @@ void SiteMachine::ScatterRound(uint32_t round,
     // Each forwarder waits failover_timeout per hop after it (PeerService),
     // this site one more.
     message.relay_stall =
-        job_->failover_timeout() * static_cast<int64_t>(chain.size() + 1);
+        run_->job->failover_timeout() * static_cast<int64_t>(chain.size() + 1);
     Call call;
     call.purpose = Call::Purpose::kTaskToTrainer;
     call.round = round;
@@ -108,7 +108,7 @@ PeerMessage SiteMachine::TaskToTrainer(const Scatter& scatter) const {
   message.kind = CallKind::kLearnTask;
   message.header = scatter.header;
   message.model = scatter.global;
-  message.timeout = job_->learn_task_ack_timeout();
+  message.timeout = run_->job->learn_task_ack_timeout();
   return message;
 }
 
@@ -143,9 +143,9 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
               : StatusFromReply(reply);
     }
   }
-  auto it = scatters_.find(call.round);
-  const bool aggregator_on_chain =
-      it != scatters_.end() && it->second.header.aggregator_task_follows();
+  auto it = run_->work.scatters.find(call.round);
+  const bool aggregator_on_chain = it != run_->work.scatters.end() &&
+                                   it->second.header.aggregator_task_follows();
   if (aggregator_on_chain) {
     // The aggregator is not a trainer of the scatter: whether it kept a
     // copy decides only whether its task goes with a body.
@@ -168,7 +168,8 @@ void SiteMachine::OnChainTaskDone(const Call& call, const event::CallDone& e) {
       answered.erase(site);
     }
   }
-  const bool fallback = !direct.empty() && it != scatters_.end() && Active();
+  const bool fallback =
+      !direct.empty() && it != run_->work.scatters.end() && Active();
   if (fallback) {
     SWARM_LOG_INFO(
         "round %d: the broadcast did not reach %s; sending the learn task "
@@ -200,8 +201,8 @@ void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
                              " not acknowledged; not waiting for it"),
                 status);
   }
-  auto it = scatters_.find(round);
-  if (it == scatters_.end()) return;
+  auto it = run_->work.scatters.find(round);
+  if (it == run_->work.scatters.end()) return;
   Scatter& scatter = it->second;
   if (scatter.waiting.erase(target) == 0) return;
   if (status.ok()) {
@@ -223,19 +224,19 @@ void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
     Timer timer;
     timer.purpose = Timer::Purpose::kScatterGrace;
     timer.round = round;
-    SetTimer(now_ + job_->failover_timeout(), timer);
+    SetTimer(now_ + run_->job->failover_timeout(), timer);
   }
   if (!scatter.waiting.empty()) return;
   Scatter done = std::move(scatter);
-  scatters_.erase(it);
+  run_->work.scatters.erase(it);
   SendTaskToAggregator(done);
 }
 
 void SiteMachine::EndScatterWait(uint32_t round) {
-  auto it = scatters_.find(round);
-  if (it == scatters_.end() || !Active()) return;
+  auto it = run_->work.scatters.find(round);
+  if (it == run_->work.scatters.end() || !Active()) return;
   Scatter done = std::move(it->second);
-  scatters_.erase(it);
+  run_->work.scatters.erase(it);
   for (const std::string& trainer : done.waiting) {
     done.missed[trainer] =
         "no acknowledgement within failover_timeout_ms of the first one";
@@ -251,7 +252,7 @@ void SiteMachine::EndScatterWait(uint32_t round) {
 void SiteMachine::SendTaskToAggregator(const Scatter& scatter) {
   if (!Active()) return;
   const uint32_t round = scatter.header.round();
-  Scatter& task = aggregator_tasks_[round] = scatter;
+  Scatter& task = run_->work.aggregator_tasks[round] = scatter;
   std::vector<std::string> expected = scatter.acked;
   if (IsTrainer(scatter.header.aggregator())) {
     expected.push_back(scatter.header.aggregator());
@@ -264,7 +265,7 @@ void SiteMachine::SendTaskToAggregator(const Scatter& scatter) {
 }
 
 void SiteMachine::SendAggregatorTask(uint32_t round) {
-  const Scatter& task = aggregator_tasks_.at(round);
+  const Scatter& task = run_->work.aggregator_tasks.at(round);
   PeerMessage message;
   message.kind = CallKind::kLearnTask;
   message.header = task.header;
@@ -275,7 +276,7 @@ void SiteMachine::SendAggregatorTask(uint32_t round) {
     message.header.set_body_held(true);
     message.model = nullptr;
   }
-  message.timeout = job_->learn_task_ack_timeout();
+  message.timeout = run_->job->learn_task_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kTaskToAggregator;
   call.round = round;
@@ -283,13 +284,15 @@ void SiteMachine::SendAggregatorTask(uint32_t round) {
   // failover timeout (an aggregator back from a short cut then runs the
   // round), then hand the round to the next backup.
   Send(task.header.aggregator(), std::move(message), call, /*retry=*/true,
-       now_ + job_->failover_timeout());
+       now_ + run_->job->failover_timeout());
 }
 
 void SiteMachine::CatchUp(const v1::ModelHeader& stale) {
-  if (!Active() || !current_task_.has_value() || current_global_ == nullptr ||
-      current_task_->round() <= stale.round() ||
-      !job_->IsTrainer(stale.sender()) || stale.sender() == options_.site) {
+  if (!Active() || !run_->current_task.has_value() ||
+      run_->current_global == nullptr ||
+      run_->current_task->round() <= stale.round() ||
+      !run_->job->IsTrainer(stale.sender()) ||
+      stale.sender() == options_.site) {
     return;
   }
   // The trainer lost its aggregator while that aggregator's scatter of the
@@ -298,15 +301,15 @@ void SiteMachine::CatchUp(const v1::ModelHeader& stale) {
   // not from the round's scatterer).
   PeerMessage message;
   message.kind = CallKind::kLearnTask;
-  message.header = *current_task_;
+  message.header = *run_->current_task;
   message.header.set_sender(options_.site);
   message.header.set_handoff(true);
   message.header.clear_expected_trainers();
-  message.model = current_global_;
-  message.timeout = job_->learn_task_ack_timeout();
+  message.model = run_->current_global;
+  message.timeout = run_->job->learn_task_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kCatchUp;
-  call.round = current_task_->round();
+  call.round = run_->current_task->round();
   SWARM_LOG_INFO(
       "round %d: %s handed over round %d, which is past here; "
       "sending it round %d's learn task",
@@ -316,16 +319,18 @@ void SiteMachine::CatchUp(const v1::ModelHeader& stale) {
 
 void SiteMachine::KeepBestCopy(const v1::BestRecord& best) {
   if (!best.present()) return;
-  if (best_model_ != nullptr && best_model_round_ == best.round()) return;
-  if (current_global_ != nullptr && current_global_round_ == best.round()) {
+  if (run_->best_model != nullptr && run_->best_model_round == best.round())
+    return;
+  if (run_->current_global != nullptr &&
+      run_->current_global_round == best.round()) {
     // The round this site last trained on scored best: its input is the
     // best model, kept until a better one (more than one site can then
     // give BEST at the end).
-    best_model_ = current_global_;
-    best_model_round_ = best.round();
+    run_->best_model = run_->current_global;
+    run_->best_model_round = best.round();
     return;
   }
-  best_model_.reset();  // Superseded: a better model exists elsewhere.
+  run_->best_model.reset();  // Superseded: a better model exists elsewhere.
 }
 
 void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
@@ -336,8 +341,8 @@ void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
   failover.set_from(from);
   failover.set_to(to);
   failover.set_reason(reason);
-  failovers_.push_back(std::move(failover));
-  while (failovers_.size() > 32) failovers_.pop_front();
+  run_->failovers.push_back(std::move(failover));
+  while (run_->failovers.size() > 32) run_->failovers.pop_front();
   SWARM_LOG_WARNING("round %d: failover from %s to %s (%s)", round, from, to,
                     reason);
   Changed();
@@ -345,8 +350,8 @@ void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
 
 void SiteMachine::OnTaskToAggregatorDone(const Call& call,
                                          const event::CallDone& e) {
-  auto it = aggregator_tasks_.find(call.round);
-  if (it == aggregator_tasks_.end()) return;
+  auto it = run_->work.aggregator_tasks.find(call.round);
+  if (it == run_->work.aggregator_tasks.end()) return;
   const absl::Status status = ReplyStatus(e);
   if (!status.ok() && it->second.aggregator_holds_copy && Active()) {
     // Sent without a body and not taken (the aggregator lost its copy, or
@@ -360,7 +365,7 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
   }
   if (status.ok() || !Active()) {
     if (status.ok()) AnswerStart(call.round, &it->second);
-    aggregator_tasks_.erase(it);
+    run_->work.aggregator_tasks.erase(it);
     return;
   }
   const bool ended_there =
@@ -373,38 +378,48 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
     SWARM_LOG_INFO("round %d: aggregator %s already had its learn task (%s)",
                    call.round, call.target, status.message());
     AnswerStart(call.round, &it->second);
-    aggregator_tasks_.erase(it);
+    run_->work.aggregator_tasks.erase(it);
     return;
   }
-  if (record_.last_task_round.has_value() &&
-      *record_.last_task_round > call.round) {
+  if (run_->record.last_task_round.has_value() &&
+      *run_->record.last_task_round > call.round) {
     // The round went on meanwhile (its trainers handed it over): this
     // task is no longer needed.
     AnswerStart(call.round, &it->second);
-    aggregator_tasks_.erase(it);
+    run_->work.aggregator_tasks.erase(it);
     return;
   }
-  if (call.target == options_.site && !e.reply.ok()) {
+  const bool lost = ScatterLost(it->second.header);
+  if (call.target == options_.site && !e.reply.ok() && !lost) {
     return Fail(absl::StrCat("round ", call.round, ": own learn task"), status);
   }
-  if (e.reply.ok() && !ended_there) {
+  if (lost || (e.reply.ok() && !ended_there)) {
     // The aggregator answered and refused: its reason stands (another chain
     // won, or the round went on without this task). An aggregator whose job
     // failed or was aborted (OUTCOME_ABORTED) is passed over like one that
-    // cannot be reached.
-    ReportError(absl::StrCat("round ", call.round, ": aggregator ", call.target,
-                             " refused its learn task"),
-                status);
+    // cannot be reached. When this site scattered the round for a chain
+    // that lost meanwhile (it follows the winner now, design section 6), its
+    // aggregate is dropped and it goes on in the winner's rounds: its own
+    // task (loopback) is refused for that reason too, no cause to fail.
+    const std::string what =
+        lost ? absl::StrCat("dropped the learn task of a chain that lost")
+             : absl::StrCat("aggregator ", call.target,
+                            " refused its learn task");
+    ReportError(absl::StrCat("round ", call.round, ": ", what), status);
     AnswerStart(call.round, nullptr,
-                absl::FailedPreconditionError(absl::StrCat(
-                    "aggregator ", call.target,
-                    " refused its learn task: ", status.message())));
-    aggregator_tasks_.erase(it);
+                absl::FailedPreconditionError(
+                    absl::StrCat(what, ": ", status.message())));
+    run_->work.aggregator_tasks.erase(it);
+    if (lost) {
+      run_->counters.set_discarded_aggregates(
+          run_->counters.discarded_aggregates() + 1);
+      SetAsideLostRounds(run_->record.lineage, *run_->record.last_task_round);
+    }
     return;
   }
   Scatter& task = it->second;
   const uint32_t next = task.header.attempt() + 1;
-  const std::string backup = job_->AggregatorAt(call.round, next);
+  const std::string backup = run_->job->AggregatorAt(call.round, next);
   if (backup.empty()) {
     return Fail(absl::StrCat("round ", call.round, ": no aggregator reachable ",
                              "(the last backup was ", call.target, ")"),
@@ -415,7 +430,7 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
               status);
   NoteFailover(call.round, call.target, backup,
                absl::StrCat("learn task not delivered: ", status.message()));
-  counters_.set_failovers(counters_.failovers() + 1);
+  run_->counters.set_failovers(run_->counters.failovers() + 1);
   task.header.set_aggregator(backup);
   task.header.set_attempt(next);
   // The aggregator given up on does not train this round either (a trainer
@@ -430,7 +445,8 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
 v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
                                        std::shared_ptr<const Model> model) {
   // Judged again: the site may have moved on while the body streamed in.
-  absl::StatusOr<Admitted> admitted = AdmitStream(job_.get(), record_, header);
+  absl::StatusOr<Admitted> admitted =
+      AdmitStream(run_->job.get(), run_->record, header);
   if (!admitted.ok()) return ReplyFromStatus(admitted.status());
   if (!admitted->receive_body) {
     OnHeldTask(header, admitted->task);
@@ -442,39 +458,40 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
     // This site aggregates the round: the broadcast's copy waits for its
     // own task (which names the expected trainers) and comes without a
     // body.
-    held_task_copy_ = HeldTaskCopy{header, std::move(model)};
+    run_->work.held_task_copy = HeldTaskCopy{header, std::move(model)};
     return MakeReply(v1::OUTCOME_OK,
                      absl::StrCat("round ", header.round(),
                                   ": kept for the aggregator's task"));
   }
-  held_task_copy_.reset();
+  run_->work.held_task_copy.reset();
   if (admitted->task == TaskVerdict::kSwitch) {
     DropLosingChain(header);
-    if (record_.state == v1::SITE_STATE_DONE) {
+    if (run_->record.state == v1::SITE_STATE_DONE) {
       // Done on the losing chain: its final models go (the winner's will
       // replace the files), and the site takes part again.
-      record_.state = v1::SITE_STATE_IDLE;
-      finals_.clear();
-      record_.final_rounds.clear();
-      record_.final_lineage.reset();
-      end_reason_.clear();
+      run_->record.state = v1::SITE_STATE_IDLE;
+      run_->finals.clear();
+      run_->record.final_rounds.clear();
+      run_->record.final_lineage.reset();
+      run_->end_reason.clear();
     }
   }
   const bool aggregate = header.aggregator() == options_.site;
   const bool train = IsTrainer(options_.site);
-  const bool first = !record_.last_task_round.has_value();
-  record_.started = true;
-  record_.last_task_round = header.round();
-  record_.round_aggregator = header.aggregator();
-  record_.attempt = header.attempt();
-  record_.lineage = LineageFromProto(header.lineage());
-  record_.best = header.best();
-  const bool rejoined = record_.recovered;
-  record_.recovered = false;
+  const bool first = !run_->record.last_task_round.has_value();
+  run_->record.started = true;
+  run_->record.last_task_round = header.round();
+  run_->record.round_aggregator = header.aggregator();
+  run_->record.attempt = header.attempt();
+  run_->record.lineage = LineageFromProto(header.lineage());
+  run_->record.best = header.best();
+  SetAsideLostRounds(run_->record.lineage, header.round());
+  const bool rejoined = run_->record.recovered;
+  run_->record.recovered = false;
   KeepBestCopy(header.best());
-  current_global_ = model;
-  current_global_round_ = header.round();
-  current_task_ = header;
+  run_->current_global = model;
+  run_->current_global_round = header.round();
+  run_->current_task = header;
   PermissionMayChange();
   // The state file tells a restarted daemon that it is in this job (and on
   // which chain): written at the first task, a rejoin, and a failed-over
@@ -484,35 +501,37 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
     PersistState();
   }
   if (rejoined) {
-    counters_.set_rejoins(counters_.rejoins() + 1);
+    run_->counters.set_rejoins(run_->counters.rejoins() + 1);
     SWARM_LOG_INFO("round %d: rejoined the job after a restart",
                    header.round());
   }
   // The outcome of the round this site trained before is known now: its
   // kept result is no longer needed.
-  if (training_.has_value()) out_.push_back(effect::CancelTraining{});
-  training_.reset();
+  if (run_->work.training.has_value()) out_.push_back(effect::CancelTraining{});
+  run_->work.training.reset();
   if (aggregate) {
     if (header.attempt() > 0) {
-      counters_.set_rounds_taken_over(counters_.rounds_taken_over() + 1);
+      run_->counters.set_rounds_taken_over(run_->counters.rounds_taken_over() +
+                                           1);
     }
     OpenRound(header, model);
   }
   if (train) {
-    training_.emplace();
-    training_->id = next_training_++;
-    training_->round = header.round();
-    training_->global = model;
-    training_->task = header;
-    training_->task.clear_expected_trainers();
-    training_->aggregator = header.aggregator();
-    training_->attempt = header.attempt();
+    run_->work.training.emplace();
+    run_->work.training->id = run_->next_training++;
+    run_->work.training->round = header.round();
+    run_->work.training->global = model;
+    run_->work.training->task = header;
+    run_->work.training->task.clear_expected_trainers();
+    run_->work.training->aggregator = header.aggregator();
+    run_->work.training->attempt = header.attempt();
     SetState(v1::SITE_STATE_TRAINING);
     out_.push_back(effect::StartTraining{header.round(), model,
-                                         job_->config().send_weight_diff()});
+                                         run_->job->config().send_weight_diff(),
+                                         run_->id});
     // Watch the aggregator while training, so that its death moves the
     // round to a backup before this site's result is ready.
-    if (!aggregate) ScheduleAsk(job_->failover_timeout() / 2);
+    if (!aggregate) ScheduleAsk(run_->job->failover_timeout() / 2);
   } else if (aggregate) {
     SetState(v1::SITE_STATE_GATHERING);
   }
@@ -527,16 +546,17 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
 
 absl::StatusOr<ModelAdmission> SiteMachine::AcceptHeldTask(
     const v1::ModelHeader& header) {
-  if (!held_task_copy_.has_value() ||
-      held_task_copy_->header.round() != header.round() ||
-      held_task_copy_->header.attempt() != header.attempt() ||
-      held_task_copy_->header.sender() != header.sender()) {
+  if (!run_->work.held_task_copy.has_value() ||
+      run_->work.held_task_copy->header.round() != header.round() ||
+      run_->work.held_task_copy->header.attempt() != header.attempt() ||
+      run_->work.held_task_copy->header.sender() != header.sender()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "round ", header.round(), ": no copy of the round's model from ",
         header.sender(), " is kept here; send the task with its body"));
   }
-  std::shared_ptr<const Model> model = std::move(held_task_copy_->model);
-  held_task_copy_.reset();
+  std::shared_ptr<const Model> model =
+      std::move(run_->work.held_task_copy->model);
+  run_->work.held_task_copy.reset();
   const v1::Reply reply = AcceptLearnTask(header, std::move(model));
   if (reply.outcome() != v1::OUTCOME_OK) return StatusFromReply(reply);
   ModelAdmission admission;
@@ -555,18 +575,18 @@ void SiteMachine::TakeOver(const v1::ModelHeader& header) {
   const uint32_t round = header.round();
   // A site that failed over to itself noted it already (FailOver).
   if (header.sender() != options_.site) {
-    NoteFailover(round, record_.round_aggregator, options_.site,
+    NoteFailover(round, run_->record.round_aggregator, options_.site,
                  absl::StrCat("handed over by ", header.sender()));
   }
-  counters_.set_rounds_taken_over(counters_.rounds_taken_over() + 1);
-  record_.round_aggregator = options_.site;
-  record_.attempt = header.attempt();
+  run_->counters.set_rounds_taken_over(run_->counters.rounds_taken_over() + 1);
+  run_->record.round_aggregator = options_.site;
+  run_->record.attempt = header.attempt();
   PermissionMayChange();
-  OpenRound(header, current_global_);
-  if (training_.has_value() && training_->round == round) {
+  OpenRound(header, run_->current_global);
+  if (run_->work.training.has_value() && run_->work.training->round == round) {
     // This site's own result goes to itself now (again, if it went to the
     // aggregator given up on).
-    Training& task = *training_;
+    Training& task = *run_->work.training;
     task.aggregator = options_.site;
     task.attempt = header.attempt();
     task.task.set_aggregator(options_.site);
@@ -581,24 +601,59 @@ void SiteMachine::TakeOver(const v1::ModelHeader& header) {
       SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
       AskToSubmit();
     }
-  } else if (rounds_.count(round) > 0) {
+  } else if (run_->work.rounds.count(round) > 0) {
     SetState(v1::SITE_STATE_GATHERING);
   }
+}
+
+void SiteMachine::SetAsideLostRounds(const Lineage& winner, uint32_t known) {
+  for (auto it = run_->kept_rounds.begin(); it != run_->kept_rounds.end();) {
+    const auto& [round, lineage] = *it;
+    uint32_t differs = 0;
+    if (CompareChains(lineage, winner, std::min(round, known), &differs) <= 0) {
+      ++it;
+      continue;
+    }
+    effect::Persist aside;
+    aside.what = effect::Persist::What::kSetAsideRound;
+    aside.persist = next_persist_++;
+    aside.job_id = run_->job->id();
+    aside.round = round;
+    aside.tag = absl::StrCat("lost-at-round-", differs, "-attempt-",
+                             AttemptOf(lineage, differs));
+    SWARM_LOG_WARNING(
+        "round %d: the model kept for it is of a chain that lost (round %d "
+        "at attempt %d); set aside as %s",
+        round, differs, AttemptOf(lineage, differs), aside.tag);
+    out_.push_back(std::move(aside));
+    it = run_->kept_rounds.erase(it);
+  }
+}
+
+bool SiteMachine::ScatterLost(const v1::ModelHeader& task) const {
+  if (!run_->record.last_task_round.has_value()) return false;
+  const Lineage lineage = LineageFromProto(task.lineage());
+  return CompareChains(lineage, run_->record.lineage,
+                       std::min(task.round(), *run_->record.last_task_round)) >
+         0;
 }
 
 void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
   uint32_t round = 0;
   const Lineage lineage = LineageFromProto(winner.lineage());
-  const bool done =
-      record_.state == v1::SITE_STATE_DONE && record_.final_lineage.has_value();
-  const Lineage& mine = done ? *record_.final_lineage : record_.lineage;
+  const bool done = run_->record.state == v1::SITE_STATE_DONE &&
+                    run_->record.final_lineage.has_value();
+  const Lineage& mine =
+      done ? *run_->record.final_lineage : run_->record.lineage;
   const uint32_t below =
-      record_.last_task_round.has_value() && !done
-          ? std::min(winner.round(), *record_.last_task_round)
+      run_->record.last_task_round.has_value() && !done
+          ? std::min(winner.round(), *run_->record.last_task_round)
           : winner.round();
   CompareChains(lineage, mine, below, &round);
-  const uint64_t dropped = rounds_.size() + aggregating_.size();
-  counters_.set_discarded_aggregates(counters_.discarded_aggregates() + 1);
+  const uint64_t dropped =
+      run_->work.rounds.size() + run_->work.aggregating.size();
+  run_->counters.set_discarded_aggregates(
+      run_->counters.discarded_aggregates() + 1);
   ReportError(absl::StrCat("round ", winner.round(),
                            ": switching to the chain of ", winner.sender()),
               absl::AbortedError(absl::StrCat(
@@ -609,20 +664,22 @@ void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
                                              " round(s) this site gathered")
                               : std::string())));
   DropRounds();
-  gathering_.clear();
-  armed_.clear();
-  aggregating_.clear();
-  aggregator_tasks_.clear();
-  scatters_.clear();
+  run_->work.gathering.clear();
+  run_->work.armed.clear();
+  run_->work.aggregating.clear();
+  run_->work.aggregator_tasks.clear();
+  run_->work.scatters.clear();
   PermissionMayChange();
 }
 
 void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
-  if (!training_.has_value() || training_->round != e.round ||
-      training_->trained || !Active()) {
+  if (e.job_run != 0 && e.job_run != run_->id && Stale(0, 1)) return;
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != e.round || run_->work.training->trained ||
+      !Active()) {
     return;
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   task.trained = true;
   v1::ModelHeader& header = task.result_header;
   header = BaseHeader(v1::MODEL_KIND_RESULT, task.round);
@@ -633,13 +690,13 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
     for (const auto& [name, value] : *e.metrics) {
       (*header.mutable_metrics())[name] = value;
     }
-    metrics_ = *e.metrics;
+    run_->metrics = *e.metrics;
   }
   absl::StatusOr<TrainOutput>& output = e.output;
   if (e.metrics.ok() && output.ok()) {
     header.set_sample_count(output->sample_count);
     header.set_payload_kind(output->kind);
-    counters_.set_rounds_trained(counters_.rounds_trained() + 1);
+    run_->counters.set_rounds_trained(run_->counters.rounds_trained() + 1);
     task.result = std::make_shared<const Model>(std::move(output->model));
   } else {
     const absl::Status failed =
@@ -654,13 +711,15 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
 }
 
 void SiteMachine::AddChain(v1::SubmitPermissionRequest* ask) const {
-  ask->set_attempt(training_->attempt);
-  *ask->mutable_lineage() = training_->task.lineage();
+  ask->set_attempt(run_->work.training->attempt);
+  *ask->mutable_lineage() = run_->work.training->task.lineage();
 }
 
 void SiteMachine::AskToSubmit() {
-  if (!training_.has_value() || !Active() || training_->handing_off) return;
-  Training& task = *training_;
+  if (!run_->work.training.has_value() || !Active() ||
+      run_->work.training->handing_off)
+    return;
+  Training& task = *run_->work.training;
   task.ask_timer = 0;
   if (task.chain == Training::InChain::kMember && now_ >= task.chain_until) {
     return LeaveChain(
@@ -671,7 +730,7 @@ void SiteMachine::AskToSubmit() {
   if (probe && task.aggregator == options_.site) return;
   PeerMessage message;
   message.kind = CallKind::kRequestToSubmit;
-  message.permission.set_job_id(job_->id());
+  message.permission.set_job_id(run_->job->id());
   message.permission.set_sender(options_.site);
   message.permission.set_round(task.round);
   message.permission.set_probe(probe);
@@ -680,7 +739,7 @@ void SiteMachine::AskToSubmit() {
       task.direct || task.result == nullptr || task.result_header.failed() ||
       !CheckPartialSumLayout(task.result->specs()).ok());
   AddChain(&message.permission);
-  message.timeout = job_->request_to_submit_message_timeout();
+  message.timeout = run_->job->request_to_submit_message_timeout();
   Call call;
   call.purpose = Call::Purpose::kAskPermission;
   call.round = task.round;
@@ -692,34 +751,34 @@ void SiteMachine::ScheduleAsk(absl::Duration wait) {
   if (wait <= absl::ZeroDuration()) return AskToSubmit();
   Timer timer;
   timer.purpose = Timer::Purpose::kAskAgain;
-  timer.training = training_->id;
-  training_->ask_timer = SetTimer(now_ + wait, timer);
+  timer.training = run_->work.training->id;
+  run_->work.training->ask_timer = SetTimer(now_ + wait, timer);
 }
 
 void SiteMachine::OnAggregatorTrouble(const absl::Status& status) {
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   const bool lacking = status.ok();  // Alive, but it lacks the task.
   if (lacking) {
     task.lacking_since = std::min(task.lacking_since, now_);
-    if (now_ - task.lacking_since >= job_->failover_timeout()) {
+    if (now_ - task.lacking_since >= run_->job->failover_timeout()) {
       task.lacking_since = absl::InfiniteFuture();
       return HandOff();
     }
   } else {
     ++task.failures;
     task.failing_since = std::min(task.failing_since, now_);
-    if (task.failures >= static_cast<int>(job_->failover_attempts()) ||
-        now_ - task.failing_since >= job_->failover_timeout()) {
+    if (task.failures >= static_cast<int>(run_->job->failover_attempts()) ||
+        now_ - task.failing_since >= run_->job->failover_timeout()) {
       return FailOver(std::string(status.message()));
     }
   }
-  ScheduleAsk(job_->request_to_submit_interval());
+  ScheduleAsk(run_->job->request_to_submit_interval());
 }
 
 void SiteMachine::FailOver(const std::string& reason) {
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   const uint32_t next = task.attempt + 1;
-  const std::string backup = job_->AggregatorAt(task.round, next);
+  const std::string backup = run_->job->AggregatorAt(task.round, next);
   if (backup.empty()) {
     return Fail(
         absl::StrCat("round ", task.round, ": no aggregator reachable"),
@@ -730,7 +789,7 @@ void SiteMachine::FailOver(const std::string& reason) {
                            task.aggregator),
               absl::UnavailableError(reason));
   NoteFailover(task.round, task.aggregator, backup, reason);
-  counters_.set_failovers(counters_.failovers() + 1);
+  run_->counters.set_failovers(run_->counters.failovers() + 1);
   task.aggregator = backup;
   task.attempt = next;
   task.task.set_aggregator(backup);
@@ -747,15 +806,15 @@ void SiteMachine::FailOver(const std::string& reason) {
   task.direct = false;
   task.uploading = false;
   if (backup != options_.site) {
-    record_.round_aggregator = backup;
-    record_.attempt = next;
+    run_->record.round_aggregator = backup;
+    run_->record.attempt = next;
   }
   if (task.trained) SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
   HandOff();
 }
 
 void SiteMachine::HandOff() {
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   task.handing_off = true;
   PeerMessage message;
   message.kind = CallKind::kLearnTask;
@@ -763,7 +822,7 @@ void SiteMachine::HandOff() {
   message.header.set_sender(options_.site);
   message.header.set_handoff(true);
   message.model = task.global;
-  message.timeout = job_->learn_task_ack_timeout();
+  message.timeout = run_->job->learn_task_ack_timeout();
   Call call;
   call.purpose = Call::Purpose::kHandoff;
   call.round = task.round;
@@ -773,16 +832,17 @@ void SiteMachine::HandOff() {
 }
 
 void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round ||
-      training_->aggregator != call.target || !Active()) {
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != call.round ||
+      run_->work.training->aggregator != call.target || !Active()) {
     return;
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   task.handing_off = false;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
     if (task.trained && !task.submitted) return AskToSubmit();
-    return ScheduleAsk(job_->failover_timeout() / 2);
+    return ScheduleAsk(run_->job->failover_timeout() / 2);
   }
   if (!e.reply.ok()) return OnAggregatorTrouble(e.reply.status());
   if (e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
@@ -794,17 +854,19 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
       absl::StrCat("round ", task.round, ": ", call.target,
                    " refused the handoff; this site's result is ", "left out"),
       status);
-  training_.reset();
-  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+  run_->work.training.reset();
+  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
+                                     : v1::SITE_STATE_GATHERING);
 }
 
 void SiteMachine::OnPermissionReply(const Call& call,
                                     const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round ||
-      training_->aggregator != call.target || !Active()) {
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != call.round ||
+      run_->work.training->aggregator != call.target || !Active()) {
     return;
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   // A reply to a probe while this site now asks for a slot (or the other
   // way round) belongs to a chain of calls that has ended.
   if (call.probe != Probing(task)) return;
@@ -833,7 +895,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
   if (call.probe) {
     // The aggregator is alive (it gathers the round, or closed it and the
     // outcome is on its way). Look again later.
-    return ScheduleAsk(job_->failover_timeout() / 2);
+    return ScheduleAsk(run_->job->failover_timeout() / 2);
   }
   if (reply.outcome() == v1::OUTCOME_OK && reply.reduce_to_size() > 0) {
     return StartChain(reply);
@@ -845,7 +907,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
     const absl::Duration wait = absl::Milliseconds(reply.reduce_wait_ms());
     task.chain_until = now_ + wait;
     SetState(v1::SITE_STATE_SUBMITTING);
-    return ScheduleAsk(std::min(wait, job_->failover_timeout() / 2));
+    return ScheduleAsk(std::min(wait, run_->job->failover_timeout() / 2));
   }
   if (reply.outcome() == v1::OUTCOME_OK) {
     SetState(v1::SITE_STATE_SUBMITTING);
@@ -871,19 +933,20 @@ void SiteMachine::OnPermissionReply(const Call& call,
     ReportError(absl::StrCat("round ", task.round, ": aggregator ",
                              task.aggregator, " refused the submission"),
                 absl::FailedPreconditionError(reply.message()));
-    training_.reset();
-    SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+    run_->work.training.reset();
+    SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
+                                       : v1::SITE_STATE_GATHERING);
     return;
   }
   const absl::Time give_up =
-      task.asking_since + job_->request_to_submit_max_wait();
+      task.asking_since + run_->job->request_to_submit_max_wait();
   const absl::Duration wait = absl::Milliseconds(reply.retry_after_ms());
   if (now_ + wait > give_up) {
     ReportError(
         absl::StrCat("round ", task.round, ": gave up asking ", task.aggregator,
                      " to submit"),
         absl::DeadlineExceededError("request_to_submit_max_wait passed"));
-    training_.reset();
+    run_->work.training.reset();
     SetState(v1::SITE_STATE_IDLE);
     return;
   }
@@ -895,9 +958,10 @@ void SiteMachine::ResultIsIn(Training& task) {
   // meanwhile, so that its death moves the round to a backup.
   task.submitted = true;
   task.chain = Training::InChain::kNo;
-  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
+                                     : v1::SITE_STATE_GATHERING);
   if (task.aggregator != options_.site) {
-    ScheduleAsk(job_->failover_timeout() / 2);
+    ScheduleAsk(run_->job->failover_timeout() / 2);
     return;
   }
   // In this site's own round: there is no other aggregator to resubmit it
@@ -910,11 +974,12 @@ void SiteMachine::ResultIsIn(Training& task) {
 }
 
 void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
-  if (!training_.has_value() || training_->round != call.round ||
-      training_->aggregator != call.target) {
+  if (!run_->work.training.has_value() ||
+      run_->work.training->round != call.round ||
+      run_->work.training->aggregator != call.target) {
     return;
   }
-  Training& task = *training_;
+  Training& task = *run_->work.training;
   task.uploading = false;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
@@ -937,10 +1002,11 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
   if (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_RETRY) {
     // The permission was released with the failed upload: ask again.
     SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
-    return ScheduleAsk(job_->request_to_submit_interval());
+    return ScheduleAsk(run_->job->request_to_submit_interval());
   }
-  training_.reset();
-  SetState(rounds_.empty() ? v1::SITE_STATE_IDLE : v1::SITE_STATE_GATHERING);
+  run_->work.training.reset();
+  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
+                                     : v1::SITE_STATE_GATHERING);
 }
 
 }  // namespace swarm

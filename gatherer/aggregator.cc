@@ -456,7 +456,9 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Create(
            options.offload_dir.back() == '/') {
       options.offload_dir.pop_back();
     }
-    SWARM_RETURN_IF_ERROR(agg_internal::MakeDirs(options.offload_dir));
+    if (options.make_offload_dir) {
+      SWARM_RETURN_IF_ERROR(agg_internal::MakeDirs(options.offload_dir));
+    }
   }
   auto shared = std::make_shared<SharedState>();
   shared->base = std::move(base);

@@ -124,6 +124,10 @@ struct AggregatorOptions {
   // removed when no longer needed, at the latest by Finish or the
   // destructor.
   std::string offload_dir;
+  // Create makes `offload_dir` if missing. False: it must exist already (a
+  // site's job folder has it from configure on; the site's machine does no
+  // I/O when it opens a round).
+  bool make_offload_dir = true;
   // Threads for Add and Finish on large models; 0 = min(2, hardware threads).
   int num_threads = 0;
   F32Accumulator f32_accumulator = F32Accumulator::kCompensated;

@@ -144,9 +144,17 @@ bool Gatherer::HasResult(const TrainerState& state, uint32_t round,
   return state.late_rounds_done.count(round) > 0;
 }
 
+void Gatherer::BodyReceived(absl::string_view trainer) {
+  TrainerState* state = FindActive(trainer);
+  if (state != nullptr && state->slot == Slot::kUploading && !report_.done) {
+    state->body_in = true;
+  }
+}
+
 void Gatherer::ReleaseSlot(TrainerState& state) {
   if (state.slot == Slot::kNone) return;
   state.slot = Slot::kNone;
+  state.body_in = false;
   if (state.in_partial_sum) {
     state.in_partial_sum = false;
     return;
@@ -210,6 +218,8 @@ void Gatherer::Close(DoneReason reason, absl::Time at) {
   report_.reason = reason;
   report_.closed_at = at;
   for (auto& [name, state] : trainers_) {
+    // A whole body being added keeps its slot: its completion counts.
+    if (state.slot == Slot::kUploading && state.body_in) continue;
     if (state.slot == Slot::kUploading) report_.uploads_cut_off.push_back(name);
     ReleaseSlot(state);
   }
@@ -388,7 +398,7 @@ ResultDecision Gatherer::CompleteResult(
                   absl::StrFormat("%s is not an expected trainer of round %d",
                                   trainer, round_));
   }
-  if (report_.done) {
+  if (report_.done && !(state->slot == Slot::kUploading && state->body_in)) {
     ++counters_.rejected;
     return Result(
         ResultCode::kRejected,
@@ -420,6 +430,8 @@ ResultDecision Gatherer::CompleteResult(
   ++responded_;
   ++counters_.accepted;
   Evaluate(now);
+  // Counted after the close (its body was whole before): the report says so.
+  if (report_.done) FillOutstanding(report_);
   return Result(ResultCode::kAccepted, "counted");
 }
 
@@ -440,6 +452,8 @@ bool Gatherer::DropTrainer(absl::string_view trainer, absl::string_view reason,
   Evaluate(now);
   TrainerState* state = FindActive(trainer);
   if (report_.done || state == nullptr || state->responded) return false;
+  // Its whole result is being added: it is heard from, not to be dropped.
+  if (state->slot == Slot::kUploading && state->body_in) return false;
   SWARM_LOG_WARNING("round %d: no longer waiting for %s: %s", round_, trainer,
                     reason);
   ReleaseSlot(*state);

@@ -239,12 +239,19 @@ class Gatherer {
   // in and who hold no slot, sorted. Empty once closed.
   std::vector<std::string> IdleTrainers() const;
 
+  // The body of the upload BeginResult() started for `trainer` is whole;
+  // the caller folds it into the aggregate outside its lock and then calls
+  // CompleteResult (or FailResult), which counts it even if a deadline
+  // closed the round meanwhile: it was whole while the round was open.
+  // REQUIRES: the round is not done.
+  void BodyReceived(absl::string_view trainer);
   // The aggregator fully accepted the result whose upload BeginResult()
   // started. Releases the slot. This round's result: counted, with its reply
   // time, `sample_count` and `metrics[metric_name]` kept for the round's
   // score (kAccepted); may close the round. An earlier round's: kLate, not
-  // counted. kRejected if the gatherer was already closed when called (keep
-  // the result out of the aggregate); kError if no upload of this trainer is
+  // counted. kRejected if the gatherer was already closed when called and
+  // the body was not received before (keep the result out of the
+  // aggregate); kError if no upload of this trainer is
   // in progress. Time rules are applied after counting, never before.
   ResultDecision CompleteResult(
       absl::string_view trainer, uint64_t sample_count,
@@ -310,6 +317,8 @@ class Gatherer {
     uint32_t upload_round = 0;  // While kUploading.
     // While kUploading: as a partial sum's contributor (chain reduction).
     bool in_partial_sum = false;
+    // While kUploading: the body is in and being added (BodyReceived).
+    bool body_in = false;
     // This round's result, once counted.
     bool responded = false;
     absl::Time reply_time;

@@ -109,7 +109,8 @@ enum class Op {
   kDrop,
   kSubmit,
   kCheck,
-  kDeadline
+  kDeadline,
+  kBodyIn
 };
 
 struct Step {
@@ -223,6 +224,13 @@ Step Done(absl::Duration at, DoneReason reason, absl::Duration closed_at,
   s.missing = std::move(missing);
   return s;
 }
+// The upload's body is whole (it is being added outside the lock).
+Step BodyIn(absl::Duration at, std::string trainer) {
+  Step s(Op::kBodyIn);
+  s.at = at;
+  s.trainer = std::move(trainer);
+  return s;
+}
 Step Deadline(std::optional<absl::Duration> deadline) {
   Step s(Op::kDeadline);
   s.deadline = deadline;
@@ -290,6 +298,9 @@ void RunStep(Gatherer& g, const Step& s) {
       }
       break;
     }
+    case Op::kBodyIn:
+      g.BodyReceived(s.trainer);
+      break;
     case Op::kDeadline:
       EXPECT_EQ(g.NextDeadline(), s.deadline.has_value()
                                       ? kOpen + *s.deadline
@@ -418,6 +429,16 @@ std::vector<ScenarioCase> Scenarios() {
         Complete(S(11), "a", RC::kRejected),
         // A later round is not this gatherer's to refuse.
         Ask(S(11), "a", v1::OUTCOME_RETRY, PC::kRoundNotOpen, kRound + 1)}},
+      {"BodyInBeforeTheTimeoutCountsAfterIt",
+       Config().Timeout(S(10)).MaxConcurrent(2),
+       {Granted(S(1), "a"), Begin(S(1), "a", RC::kAccepted),
+        Granted(S(1), "b"), Begin(S(1), "b", RC::kAccepted),
+        BodyIn(S(9), "a"), Done(S(10), DR::kTimeout, S(10), {"a", "b", "c"}),
+        // a's body was whole before the timeout: its add counts; b's was
+        // still streaming: kept out.
+        Complete(S(11), "a", RC::kAccepted), Complete(S(11), "b", RC::kRejected),
+        // Whole after the close: too late.
+        BodyIn(S(11), "c"), Complete(S(11), "c", RC::kRejected)}},
       {"AfterAllRespondedLateResultRejected",
        Config().Trainers({"a"}),
        {Submit(S(1), "a"), Done(S(1), DR::kAllResponded, S(1), {}),

@@ -186,6 +186,12 @@ std::string Workspace::RoundModelPath(absl::string_view job_id,
                                       uint32_t round) const {
   return absl::StrFormat("%s/round-%06u.safetensors", RoundsDir(job_id), round);
 }
+std::string Workspace::DroppedRoundModelPath(absl::string_view job_id,
+                                             uint32_t round,
+                                             absl::string_view tag) const {
+  return absl::StrFormat("%s/round-%06u.%s.dropped.safetensors",
+                         RoundsDir(job_id), round, tag);
+}
 std::string Workspace::OffloadDir(absl::string_view job_id) const {
   return absl::StrCat(JobDir(job_id), "/offload");
 }

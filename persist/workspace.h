@@ -51,6 +51,11 @@ class Workspace {
   std::string RoundsDir(absl::string_view job_id) const;  // rounds
   // rounds/round-000012.safetensors (at least six digits).
   std::string RoundModelPath(absl::string_view job_id, uint32_t round) const;
+  // Where a kept round model of a chain that lost goes (design section 6):
+  // rounds/round-000012.<tag>.dropped.safetensors, so that rounds/ names
+  // only the winning chain's models.
+  std::string DroppedRoundModelPath(absl::string_view job_id, uint32_t round,
+                                    absl::string_view tag) const;
   std::string OffloadDir(absl::string_view job_id) const;  // offload
 
   // Creates the job directory, rounds/ and offload/ (like mkdir -p) and makes

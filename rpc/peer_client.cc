@@ -267,7 +267,6 @@ void GrpcPeerTransport::SendUnary(const v1::SiteInfo& to, PeerMessage message,
   SetDeadline(&call->context, timeout);
   std::unique_ptr<v1::Peer::Stub> stub =
       v1::Peer::NewStub(channels_->Get(to.address()));
-  const bool permission = message.kind == CallKind::kRequestToSubmit;
   auto finished = [call, to, method = CallKindName(message.kind),
                    done = std::move(done)](grpc::Status status) {
     if (!status.ok()) {
@@ -275,15 +274,28 @@ void GrpcPeerTransport::SendUnary(const v1::SiteInfo& to, PeerMessage message,
     }
     done(std::move(call->reply));
   };
-  if (permission) {
-    call->permission = std::move(message.permission);
-    stub->async()->RequestToSubmit(&call->context, &call->permission,
-                                   &call->reply.permission,
-                                   std::move(finished));
-  } else {
-    call->share_best = std::move(message.share_best);
-    stub->async()->ShareBest(&call->context, &call->share_best,
-                             &call->reply.reply, std::move(finished));
+  switch (message.kind) {
+    case CallKind::kRequestToSubmit:
+      call->permission = std::move(message.permission);
+      stub->async()->RequestToSubmit(&call->context, &call->permission,
+                                     &call->reply.permission,
+                                     std::move(finished));
+      return;
+    case CallKind::kShareBest:
+      call->share_best = std::move(message.share_best);
+      stub->async()->ShareBest(&call->context, &call->share_best,
+                               &call->reply.reply, std::move(finished));
+      return;
+    case CallKind::kLearnTask:
+    case CallKind::kSubmitResult:
+    case CallKind::kFinalResult:
+      // Streams go through SendStream or SendRelayed; reaching here is a
+      // caller's bug, answered as such rather than sent as another kind.
+      finished(grpc::Status(grpc::StatusCode::INTERNAL,
+                            absl::StrCat(CallKindName(message.kind),
+                                         " is a model stream, not a unary "
+                                         "call")));
+      return;
   }
 }
 
