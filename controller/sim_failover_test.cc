@@ -333,6 +333,9 @@ TEST(SimTest, CutThatLeavesABridgeBetweenTwoChainsEndsWithEverySiteDone) {
   bool cut = false;
   std::string bridge;
   std::set<std::string> others;
+  // Rounds of about 5 s, as on the real network (where training took
+  // seconds): the cut then spans a few rounds, and the job goes on after it.
+  sim.network().AddDelay(Calls(CallKind::kLearnTask), absl::Seconds(5));
   sim.network().SetObserver([&](const CallRecord& call) {
     if (cut || call.kind != CallKind::kSubmitResult || call.round != round ||
         call.to != aggregator) {
