@@ -74,9 +74,12 @@ absl::Status Scenario::ShowStatus(const std::vector<std::string>& args) {
     absl::StatusOr<Site*> site = Find(name);
     if (!site.ok()) return site.status();
     const v1::SiteStatus s = (*site)->machine->Status().status();
+    auto or_dash = [](const std::string& text) {
+      return text.empty() ? std::string("-") : text;
+    };
     std::string line = absl::StrCat(
-        name, ": ", StateName(s.state()), " ", s.job_id(), " r", s.round(),
-        " a", s.attempt(), " aggregator ", s.aggregator());
+        name, ": ", StateName(s.state()), " ", or_dash(s.job_id()), " r",
+        s.round(), " a", s.attempt(), " aggregator ", or_dash(s.aggregator()));
     if (s.best().present()) {
       absl::StrAppendFormat(&line, " best %s@r%d %.3f", s.best().site(),
                             s.best().round(), s.best().metric());
@@ -158,6 +161,7 @@ std::string RunScript(const std::string& script, Scenario& scenario,
     if (i < lines.size()) absl::StrAppend(&out, "\n");
     if (cases != nullptr) cases->push_back(std::move(result));
   }
+  while (absl::EndsWith(out, "\n\n")) out.pop_back();
   return out;
 }
 

@@ -65,6 +65,44 @@ TEST_P(ScenarioTest, Script) {
   std::filesystem::remove_all(work);
 }
 
+// The runner itself: a wrong expectation is reported with its line, and the
+// rewritten script carries what the command printed.
+TEST(RunScriptTest, ReportsAndRewritesAMismatch) {
+  const std::string script =
+      "# A comment.\n"
+      "sites 2 rounds 1\n"
+      "----\n"
+      "ok\n"
+      "\n"
+      "status s1\n"
+      "----\n"
+      "0.000s s1: DONE\n"
+      "\n"
+      "bogus\n";
+  Scenario scenario(::testing::TempDir() + "/scenario-runner-work");
+  std::vector<CaseResult> cases;
+  const std::string rewritten = RunScript(script, scenario, &cases);
+  ASSERT_EQ(cases.size(), 3u);
+  EXPECT_EQ(cases[0].actual, cases[0].expected);
+  EXPECT_EQ(cases[1].line, 6);
+  EXPECT_EQ(cases[1].expected, "0.000s s1: DONE");
+  EXPECT_EQ(cases[1].actual, "0.000s s1: IDLE - r0 a0 aggregator - global r-1");
+  EXPECT_EQ(cases[2].actual, "error: unknown command \"bogus\"");
+  EXPECT_EQ(rewritten,
+            "# A comment.\n"
+            "sites 2 rounds 1\n"
+            "----\n"
+            "ok\n"
+            "\n"
+            "status s1\n"
+            "----\n"
+            "0.000s s1: IDLE - r0 a0 aggregator - global r-1\n"
+            "\n"
+            "bogus\n"
+            "----\n"
+            "error: unknown command \"bogus\"\n");
+}
+
 INSTANTIATE_TEST_SUITE_P(Testdata, ScenarioTest, ::testing::ValuesIn(Scripts()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name =
