@@ -1,7 +1,8 @@
 // Runs every script in controller/scenario/testdata/ through a fresh
 // Scenario and compares each command's output with the one written under
 // it. SWARM_SCENARIO_REWRITE=1 in the environment rewrites the scripts with
-// what the commands print now (review the diff before committing it).
+// what the commands print now (review the diff before committing it);
+// SWARM_SCENARIO_DIR runs the scripts of another folder instead.
 #include "controller/scenario/scenario.h"
 
 #include <algorithm>
@@ -18,10 +19,16 @@
 namespace swarm::scenario {
 namespace {
 
+// The scripts' folder: SWARM_SCENARIO_DIR in the environment (to try a
+// script of one's own), else the project's testdata/.
+std::string ScriptDir() {
+  const char* dir = std::getenv("SWARM_SCENARIO_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : SWARM_SCENARIO_TESTDATA;
+}
+
 std::vector<std::string> Scripts() {
   std::vector<std::string> names;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(SWARM_SCENARIO_TESTDATA)) {
+  for (const auto& entry : std::filesystem::directory_iterator(ScriptDir())) {
     if (entry.path().extension() == ".txt") {
       names.push_back(entry.path().filename().string());
     }
@@ -43,8 +50,7 @@ class ScenarioTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(ScenarioTest, Script) {
-  const std::string path =
-      std::string(SWARM_SCENARIO_TESTDATA) + "/" + GetParam();
+  const std::string path = ScriptDir() + "/" + GetParam();
   const std::string script = ReadAll(path);
   ASSERT_FALSE(script.empty()) << "cannot read " << path;
   const std::string work =
