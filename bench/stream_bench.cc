@@ -59,6 +59,7 @@
 #include "rpc/grpc_stream.h"
 #include "rpc/tls.h"
 #include "security/certificates.h"
+#include "security/sha256_digest.h"
 
 namespace swarm {
 namespace {
@@ -813,5 +814,6 @@ int main(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
+  swarm::security::RegisterSha256StreamDigest();  // For --digest sha256.
   return swarm::Run(*options);
 }

@@ -36,10 +36,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "cli/metered_transport.h"
 #include "cli/site_metrics.h"
 #include "common/logging.h"
 #include "config/site_config.h"
+#include "controller/metered_transport.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
 #include "controller/task_runner.h"
@@ -54,6 +54,7 @@
 #include "rpc/tls.h"
 #include "security/certificates.h"
 #include "security/model_signature.h"
+#include "security/sha256_digest.h"
 #include "trainerlink/external_learner.h"
 
 namespace swarm {
@@ -504,6 +505,8 @@ int main(int argc, char** argv) {
   // gRPC's own asynchronous cleanup (connections still closing, their TLS
   // state) to finish before the process exits.
   grpc_init();
+  // Signed models travel with SHA-256 stream digests (security/).
+  swarm::security::RegisterSha256StreamDigest();
   // Debian's Abseil checks every lock order for cycles (a debugging aid
   // that cost the daemon about 2% of its CPU in round_bench); the tests,
   // which exercise the same locks, keep the check.

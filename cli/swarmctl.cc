@@ -54,6 +54,7 @@
 #include "rpc/tls.h"
 #include "security/certificates.h"
 #include "security/provision.h"
+#include "security/sha256_digest.h"
 
 namespace swarm {
 namespace {
@@ -990,6 +991,8 @@ int main(int argc, char** argv) {
   // gRPC's own asynchronous cleanup (connections still closing, their TLS
   // state) to finish before the process exits.
   grpc_init();
+  // A site's model may arrive with a SHA-256 stream digest (signed models).
+  swarm::security::RegisterSha256StreamDigest();
   const int code = swarm::Run(argc, argv);
   grpc_shutdown_blocking();
   return code;

@@ -14,10 +14,6 @@
 namespace swarm {
 namespace {
 
-// How much earlier than the caller's deadline a held RequestToSubmit
-// answers (as PeerService does).
-constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
-
 bool Matches(const CallMatcher& match, const CallRecord& record) {
   if (match.kind.has_value() && *match.kind != record.kind) return false;
   if (!match.from.empty() && match.from != record.from) return false;
@@ -350,7 +346,7 @@ void FakeNetwork::Deliver(
         hold = hold_retries_;
       }
       const absl::Time until =
-          hold ? call->record.start + message.timeout - kDeadlineMargin
+          hold ? call->record.start + message.timeout - kHoldMargin
                : absl::InfinitePast();
       call->target->RequestToSubmit(
           message.permission, until,

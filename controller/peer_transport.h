@@ -11,10 +11,18 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "controller/peer_message.h"
 #include "proto/swarm.pb.h"
 
 namespace swarm {
+
+// How much earlier than its caller's deadline a held call (a RequestToSubmit
+// waiting for a slot, a long-polled Status, a Start waiting for the first
+// round) answers, so that the answer still reaches the caller in time. One
+// margin for every path: PeerService (gRPC), SiteDriver's loopback to the
+// site itself, and the fake network.
+inline constexpr absl::Duration kHoldMargin = absl::Milliseconds(500);
 
 class PeerTransport {
  public:

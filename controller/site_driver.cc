@@ -37,10 +37,6 @@ absl::StatusOr<Model> MapFromFile(Model model, const std::string& path) {
   return mapped;
 }
 
-// A held request to this site itself is answered this long before its
-// call's deadline (as PeerService does for a remote one).
-constexpr absl::Duration kHoldMargin = absl::Milliseconds(500);
-
 absl::string_view PersistName(effect::Persist::What what) {
   switch (what) {
     case effect::Persist::What::kState:

@@ -1,5 +1,8 @@
 // Element kernels behind the aggregators: dtype conversions with correct
-// rounding, the non-finite scan, and the accumulation loops of FedAvg.
+// rounding and the accumulation loops of FedAvg. The non-finite scan, the
+// float-dtype test and the run-time ISA choice are model/dtype_kernels.h's
+// (the trainer link needs them too), re-exported here. Without FMA
+// (portable ISA) the compensated sums use exact double products instead.
 //
 // Tensor bytes are read through memcpy-style loads: a tensor mapped from a
 // safetensors file need not be aligned to its element size.
@@ -14,9 +17,15 @@
 #include <utility>
 
 #include "common/dtype.h"
+#include "model/dtype_kernels.h"
 
 namespace swarm {
 namespace agg_internal {
+
+using ::swarm::FindNonFinite;
+using ::swarm::IsFloatDType;
+using ::swarm::KernelIsaName;
+using ::swarm::LimitKernelIsaForTesting;
 
 // ---------------------------------------------------------------------------
 // Conversions.
@@ -108,8 +117,6 @@ float F8E5M2ToF32(uint8_t v);
 uint8_t DoubleToF8E4M3(double value);
 uint8_t DoubleToF8E5M2(double value);
 
-bool IsFloatDType(DType dtype);
-
 // Element `i` of `dtype` at `data`, as a double (exact for every dtype
 // except I64/U64 beyond 2^53).
 double LoadAsDouble(DType dtype, const char* data, uint64_t i);
@@ -121,13 +128,6 @@ void StoreFromDouble(DType dtype, double value, char* data, uint64_t i);
 void LoadRangeAsDouble(DType dtype, const char* data, uint64_t n, double* out);
 void StoreRangeFromDouble(DType dtype, const double* values, uint64_t n,
                           char* data);
-
-// ---------------------------------------------------------------------------
-// Non-finite scan.
-
-// Index of the first NaN or Inf among `n` elements of `dtype` at `data`, or
-// `n` when there is none (always `n` for integer and bool dtypes).
-uint64_t FindNonFinite(DType dtype, const char* data, uint64_t n);
 
 // ---------------------------------------------------------------------------
 // Sorting many small columns at once (median, trimmed mean).
@@ -168,12 +168,6 @@ void FinishFromF64(const double* acc, uint64_t n, double scale,
 void FinishFromF32(const float* acc, uint64_t n, double scale, const char* base,
                    double base_scale, DType dtype, char* out);
 
-// The vector ISA the hot loops run with: "avx512", "avx2" (both with FMA)
-// or "portable" (baseline x86-64; exact double products instead of FMA).
-const char* KernelIsaName();
-// For tests: run at most variant `max_variant` (0 = portable, 1 = AVX2,
-// 2 = AVX-512) from now on.
-void LimitKernelIsaForTesting(int max_variant);
 // For tests: variant 0 = portable, 1 = AVX2+FMA, 2 = AVX-512+FMA; capped at
 // what the CPU supports.
 void AccumulateF32CompensatedVariant(int variant, const char* x, uint64_t n,

@@ -1,6 +1,8 @@
 #include "learner/learner_params.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -21,6 +23,27 @@ std::optional<LearnerParam> LookupLearnerParam(
 absl::Status BadLearnerParam(const LearnerParam& param, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat(
       "learner param \"%s\": \"%s\" %s", param.key, param.value, why));
+}
+
+absl::StatusOr<uint64_t> ParseUintParam(const LearnerParam& param, uint64_t min,
+                                        uint64_t max) {
+  return ParseUintParam(param, param.value, min, max);
+}
+
+absl::StatusOr<uint64_t> ParseUintParam(const LearnerParam& param,
+                                        absl::string_view text, uint64_t min,
+                                        uint64_t max) {
+  uint64_t value;
+  absl::string_view stripped = absl::StripAsciiWhitespace(text);
+  if (stripped.empty() || stripped[0] == '-' || stripped[0] == '+' ||
+      !absl::SimpleAtoi(stripped, &value)) {
+    return BadLearnerParam(param, "is not a non-negative integer");
+  }
+  if (value < min || value > max) {
+    return BadLearnerParam(param,
+                           absl::StrFormat("is not in [%d, %d]", min, max));
+  }
+  return value;
 }
 
 std::set<std::string> UnknownLearnerParams(

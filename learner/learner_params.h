@@ -3,12 +3,14 @@
 #ifndef SWARM_LEARNER_LEARNER_PARAMS_H_
 #define SWARM_LEARNER_LEARNER_PARAMS_H_
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -26,6 +28,17 @@ std::optional<LearnerParam> LookupLearnerParam(
 
 // InvalidArgument: `learner param "<key>": "<value>" <why>`.
 absl::Status BadLearnerParam(const LearnerParam& param, absl::string_view why);
+
+// `param`'s value as an integer in [min, max] (surrounding whitespace
+// ignored; no sign). InvalidArgument (BadLearnerParam) otherwise.
+absl::StatusOr<uint64_t> ParseUintParam(const LearnerParam& param, uint64_t min,
+                                        uint64_t max);
+
+// The same for `text`, one entry of `param`'s value (e.g. of a
+// comma-separated list); errors name the whole parameter.
+absl::StatusOr<uint64_t> ParseUintParam(const LearnerParam& param,
+                                        absl::string_view text, uint64_t min,
+                                        uint64_t max);
 
 // Keys of `params` that are none of `known` (plain or "<known>.<site>").
 std::set<std::string> UnknownLearnerParams(

@@ -63,20 +63,6 @@ absl::StatusOr<double> ParseDouble(const Param& param, double min, double max,
   return value;
 }
 
-absl::StatusOr<uint64_t> ParseUint(const Param& param, uint64_t min,
-                                   uint64_t max) {
-  uint64_t value;
-  absl::string_view stripped = absl::StripAsciiWhitespace(param.value);
-  if (stripped.empty() || stripped[0] == '-' || stripped[0] == '+' ||
-      !absl::SimpleAtoi(stripped, &value)) {
-    return BadParam(param, "is not a non-negative integer");
-  }
-  if (value < min || value > max) {
-    return BadParam(param, absl::StrFormat("is not in [%d, %d]", min, max));
-  }
-  return value;
-}
-
 std::string SizesString(const std::vector<uint32_t>& sizes) {
   return absl::StrFormat("[%s]", absl::StrJoin(sizes, ", "));
 }
@@ -101,13 +87,14 @@ absl::Status ParseSiteOptions(absl::string_view site,
     o.data_dir = p->value;
   }
   if (auto p = Lookup(params, "sites", site)) {
-    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUint(*p, 1, 1u << 20));
+    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUintParam(*p, 1, 1u << 20));
     o.sites = static_cast<uint32_t>(v);
   }
   std::optional<Param> index = Lookup(params, "site_index", site);
   if (index) {
     SWARM_ASSIGN_OR_RETURN(
-        uint64_t v, ParseUint(*index, 0, std::numeric_limits<uint32_t>::max()));
+        uint64_t v,
+        ParseUintParam(*index, 0, std::numeric_limits<uint32_t>::max()));
     if (v >= o.sites) {
       return BadParam(*index,
                       absl::StrFormat("is out of range for %d sites (0..%d)",
@@ -144,7 +131,8 @@ absl::Status ParseSplitOptions(absl::string_view site,
   }
   if (auto p = Lookup(params, "data_seed", site)) {
     SWARM_ASSIGN_OR_RETURN(
-        o.data_seed, ParseUint(*p, 0, std::numeric_limits<uint64_t>::max()));
+        o.data_seed,
+        ParseUintParam(*p, 0, std::numeric_limits<uint64_t>::max()));
   }
   if (auto p = Lookup(params, "validation_fraction", site)) {
     SWARM_ASSIGN_OR_RETURN(o.validation_fraction,
@@ -153,7 +141,7 @@ absl::Status ParseSplitOptions(absl::string_view site,
   if (auto p = Lookup(params, "max_train_samples", site)) {
     SWARM_ASSIGN_OR_RETURN(
         o.max_train_samples,
-        ParseUint(*p, 0, std::numeric_limits<uint32_t>::max()));
+        ParseUintParam(*p, 0, std::numeric_limits<uint32_t>::max()));
   }
   return absl::OkStatus();
 }
@@ -184,16 +172,16 @@ absl::Status ParseTrainingOptions(
     SWARM_ASSIGN_OR_RETURN(o.balanced_softmax, ParseBool(*p));
   }
   if (auto p = Lookup(params, "batch_size", site)) {
-    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUint(*p, 1, 1u << 16));
+    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUintParam(*p, 1, 1u << 16));
     o.batch_size = static_cast<uint32_t>(v);
   }
   if (auto p = Lookup(params, "epochs", site)) {
-    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUint(*p, 1, 10000));
+    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUintParam(*p, 1, 10000));
     o.epochs = static_cast<uint32_t>(v);
   }
   if (auto p = Lookup(params, "seed", site)) {
     SWARM_ASSIGN_OR_RETURN(
-        o.seed, ParseUint(*p, 0, std::numeric_limits<uint64_t>::max()));
+        o.seed, ParseUintParam(*p, 0, std::numeric_limits<uint64_t>::max()));
   }
   return absl::OkStatus();
 }

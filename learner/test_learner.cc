@@ -48,20 +48,6 @@ absl::StatusOr<float> ParseFloat(const Param& param) {
   return value;
 }
 
-absl::StatusOr<uint64_t> ParseUint64(const Param& param, absl::string_view text,
-                                     uint64_t min, uint64_t max) {
-  uint64_t value;
-  absl::string_view stripped = absl::StripAsciiWhitespace(text);
-  if (stripped.empty() || stripped[0] == '-' || stripped[0] == '+' ||
-      !absl::SimpleAtoi(stripped, &value)) {
-    return BadParam(param, "is not a non-negative integer");
-  }
-  if (value < min || value > max) {
-    return BadParam(param, absl::StrFormat("is not in [%d, %d]", min, max));
-  }
-  return value;
-}
-
 absl::StatusOr<uint32_t> ParseRound(const Param& param,
                                     absl::string_view text) {
   uint64_t value;
@@ -119,12 +105,13 @@ absl::StatusOr<TestLearnerOptions> ParseTestLearnerOptions(
   options.site = std::string(site);
   if (auto p = Lookup(params, "size", site)) {
     SWARM_ASSIGN_OR_RETURN(options.size,
-                           ParseUint64(*p, p->value, 1, TestLearner::kMaxSize));
+                           ParseUintParam(*p, 1, TestLearner::kMaxSize));
   }
   if (auto p = Lookup(params, "tensors", site)) {
     for (absl::string_view entry : absl::StrSplit(p->value, ',')) {
-      SWARM_ASSIGN_OR_RETURN(uint64_t elements,
-                             ParseUint64(*p, entry, 1, TestLearner::kMaxSize));
+      SWARM_ASSIGN_OR_RETURN(
+          uint64_t elements,
+          ParseUintParam(*p, entry, 1, TestLearner::kMaxSize));
       options.tensor_sizes.push_back(elements);
     }
   }
@@ -140,7 +127,7 @@ absl::StatusOr<TestLearnerOptions> ParseTestLearnerOptions(
   if (auto p = Lookup(params, "sample_count", site)) {
     SWARM_ASSIGN_OR_RETURN(
         options.sample_count,
-        ParseUint64(*p, p->value, 1, std::numeric_limits<uint64_t>::max()));
+        ParseUintParam(*p, 1, std::numeric_limits<uint64_t>::max()));
   }
   if (auto p = Lookup(params, "metrics", site)) {
     SWARM_ASSIGN_OR_RETURN(options.metrics, ParseMetrics(*p));
@@ -154,7 +141,7 @@ absl::StatusOr<TestLearnerOptions> ParseTestLearnerOptions(
   if (auto p = Lookup(params, "train_ms", site)) {
     // At most a day: a test that needs longer is a mistake.
     SWARM_ASSIGN_OR_RETURN(uint64_t ms,
-                           ParseUint64(*p, p->value, 0, 24ull * 3600 * 1000));
+                           ParseUintParam(*p, 0, 24ull * 3600 * 1000));
     options.train_time = absl::Milliseconds(static_cast<int64_t>(ms));
   }
   if (auto p = Lookup(params, "payload", site)) {

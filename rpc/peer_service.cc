@@ -28,7 +28,7 @@ namespace {
 
 // How much earlier than the caller's deadline a held RequestToSubmit answers,
 // so the reply arrives in time.
-constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(200);
+constexpr absl::Duration kDeadlineMargin = kHoldMargin;
 // How much earlier than its own deadline a forwarding site's call to the
 // next hop ends, so that its answer (for itself and the hops after it)
 // still reaches the previous hop in time.

@@ -1,7 +1,8 @@
 #include "streaming/digest.h"
 
-#include <openssl/evp.h>
 #include <xxhash.h>
+
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -29,27 +30,9 @@ class Xxh3Digest final : public StreamDigest {
   XXH3_state_t* state_;
 };
 
-class Sha256Digest final : public StreamDigest {
- public:
-  Sha256Digest() : ctx_(EVP_MD_CTX_new()) {
-    EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr);
-  }
-  ~Sha256Digest() override { EVP_MD_CTX_free(ctx_); }
-  std::string Finish() override {
-    unsigned char out[EVP_MAX_MD_SIZE];
-    unsigned int size = 0;
-    EVP_DigestFinal_ex(ctx_, out, &size);
-    return std::string(reinterpret_cast<const char*>(out), size);
-  }
-
- protected:
-  void Update(const void* data, size_t size) override {
-    EVP_DigestUpdate(ctx_, data, size);
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
+// The registered implementations, by algorithm value (DIGEST_SHA256 only,
+// today; see RegisterStreamDigest).
+std::atomic<StreamDigestMaker> registered_sha256{nullptr};
 
 }  // namespace
 
@@ -58,12 +41,33 @@ absl::StatusOr<std::unique_ptr<StreamDigest>> StreamDigest::Create(
   switch (algorithm) {
     case v1::DIGEST_XXH3_128:
       return std::unique_ptr<StreamDigest>(new Xxh3Digest);
-    case v1::DIGEST_SHA256:
-      return std::unique_ptr<StreamDigest>(new Sha256Digest);
+    case v1::DIGEST_SHA256: {
+      const StreamDigestMaker maker = registered_sha256.load();
+      if (maker == nullptr) {
+        return absl::FailedPreconditionError(
+            "digest algorithm DIGEST_SHA256 has no implementation in this "
+            "program: it lives in security/ and the program must register it "
+            "at start (security::RegisterSha256StreamDigest)");
+      }
+      return maker();
+    }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown digest algorithm ", static_cast<int>(algorithm)));
   }
+}
+
+absl::Status RegisterStreamDigest(v1::DigestAlgorithm algorithm,
+                                  StreamDigestMaker maker) {
+  if (algorithm != v1::DIGEST_SHA256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("digest algorithm ", v1::DigestAlgorithm_Name(algorithm),
+                     " (value ", static_cast<int>(algorithm),
+                     ") cannot be registered: only DIGEST_SHA256 is (XXH3-128 "
+                     "is built in)"));
+  }
+  registered_sha256.store(maker);
+  return absl::OkStatus();
 }
 
 std::string ModelContentDigest(const Model& model) {

@@ -1,6 +1,11 @@
 // The end-to-end digest of a model stream (see ModelTrailer in swarm.proto):
 // for every chunk in stream order, tensor_index (u32 LE), offset (u64 LE),
 // length (u64 LE), then the chunk's bytes.
+//
+// XXH3-128 is built in. SHA-256 (the digest a signed model needs) is not:
+// the core links no libcrypto, so its implementation lives in security/
+// (security/sha256_digest.h) and a program that sends or receives SHA-256
+// streams registers it once at start (RegisterStreamDigest below).
 #ifndef SWARM_STREAMING_DIGEST_H_
 #define SWARM_STREAMING_DIGEST_H_
 
@@ -17,7 +22,8 @@ namespace swarm {
 
 class StreamDigest {
  public:
-  // InvalidArgument for an unknown algorithm value.
+  // InvalidArgument for an unknown algorithm value; FailedPrecondition for
+  // an algorithm whose implementation this program did not register.
   static absl::StatusOr<std::unique_ptr<StreamDigest>> Create(
       v1::DigestAlgorithm algorithm);
   virtual ~StreamDigest() = default;
@@ -38,6 +44,16 @@ class StreamDigest {
   StreamDigest() = default;
   virtual void Update(const void* data, size_t size) = 0;
 };
+
+// Makes a new digest of one algorithm.
+using StreamDigestMaker = std::unique_ptr<StreamDigest> (*)();
+
+// Installs `maker` as the implementation of `algorithm` for the whole
+// program (the last registration wins; safe from any thread, before or while
+// streams run). InvalidArgument for DIGEST_XXH3_128 (built in) and for an
+// unknown algorithm value.
+absl::Status RegisterStreamDigest(v1::DigestAlgorithm algorithm,
+                                  StreamDigestMaker maker);
 
 // A model's content digest (XXH3-128): every tensor's name, dtype and shape,
 // then its bytes, in table order. Equal models (same table, same bytes) give

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "gatherer/aggregator_kernels.h"
+#include "model/dtype_kernels.h"
 #include "persist/file_util.h"
 #include "persist/safetensors.h"
 
@@ -67,9 +67,9 @@ absl::StatusOr<Model> LoadResultFile(const std::string& path,
           absl::StrCat("no result file ", path,
                        " (write the result there before submitting)"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "result file is not a valid safetensors file: ",
-        loaded.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("result file is not a valid safetensors file: ",
+                     loaded.status().message()));
   }
   Model result = std::move(*loaded);
   if (result.num_tensors() == 0) {
@@ -112,9 +112,8 @@ absl::StatusOr<Model> LoadResultFile(const std::string& path,
           static_cast<uint64_t>(result.tensor_data(at).data() - base));
     }
     SWARM_ASSIGN_OR_RETURN(
-        Model ordered,
-        Model::FromStorage(std::move(specs), std::move(offsets),
-                           result.storage()));
+        Model ordered, Model::FromStorage(std::move(specs), std::move(offsets),
+                                          result.storage()));
     ordered.metadata() = result.metadata();
     result = std::move(ordered);
   }
@@ -123,7 +122,7 @@ absl::StatusOr<Model> LoadResultFile(const std::string& path,
       const TensorSpec& spec = result.spec(i);
       const uint64_t n = spec.byte_size / DTypeSize(spec.dtype);
       const uint64_t bad =
-          agg_internal::FindNonFinite(spec.dtype, result.tensor_data(i).data(), n);
+          FindNonFinite(spec.dtype, result.tensor_data(i).data(), n);
       if (bad < n) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor \"", spec.name, "\": element ", bad,

@@ -19,6 +19,7 @@
 #include "rpc/tls.h"
 #include "security/identity.h"
 #include "tests/integration/local_swarm.h"
+#include "tests/support/daemon.h"
 
 namespace swarm::testing {
 namespace {
@@ -142,23 +143,15 @@ absl::Status NetnsSwarm::StartSite(const std::string& name) {
     log << "==== test: start " << ++starts_ << " of " << name << " at "
         << absl::FormatTime(absl::Now()) << "\n";
   }
-  absl::StatusOr<std::unique_ptr<Process>> process = Process::Start(
-      net_.Exec(name, {SwarmClientPath(), "--config", site.config_path}), "",
-      site.log_path);
-  if (!process.ok()) return process.status();
-  site.process = std::move(*process);
-  absl::StatusOr<std::string> line =
-      site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
-  if (!line.ok()) {
-    return absl::Status(
-        line.status().code(),
-        absl::StrCat("site ", name, ": ", line.status().message(), "\nlog:\n",
-                     Log(name, 20)));
-  }
-  if (!absl::StartsWith(*line, "listening on ")) {
-    return absl::InternalError(absl::StrCat("site ", name, " printed \"", *line,
-                                            "\", not \"listening on ...\""));
-  }
+  DaemonStart start;
+  start.name = name;
+  start.argv =
+      net_.Exec(name, {SwarmClientPath(), "--config", site.config_path});
+  start.log_path = site.log_path;
+  start.timeout = absl::Seconds(30) * TimeScale();
+  absl::StatusOr<StartedDaemon> daemon = StartDaemon(start);
+  if (!daemon.ok()) return daemon.status();
+  site.process = std::move(daemon->process);
   return absl::OkStatus();
 }
 

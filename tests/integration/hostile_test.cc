@@ -48,11 +48,16 @@
 #include "rpc/tls.h"
 #include "security/certificates.h"
 #include "security/model_signature.h"
+#include "security/sha256_digest.h"
 #include "streaming/chunker.h"
 #include "tests/integration/local_swarm.h"
 
 namespace swarm::testing {
 namespace {
+
+// Some cases cut streams with SHA-256 digests, as a signing site does.
+[[maybe_unused]] const bool kSha256Registered =
+    (security::RegisterSha256StreamDigest(), true);
 
 using ::testing::HasSubstr;
 

@@ -14,9 +14,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/support/daemon.h"
 
 namespace swarm::testing {
 
@@ -197,37 +197,17 @@ absl::Status LocalSwarm::StartSiteWithConfig(
   argv.push_back(site.config_path);
   if (transport_ == Transport::kInsecure) argv.push_back("--insecure");
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  absl::StatusOr<std::unique_ptr<Process>> process =
-      Process::Start(argv, "", site.log_path);
-  if (!process.ok()) return process.status();
-  site.process = std::move(*process);
-  absl::StatusOr<std::string> line =
-      site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
-  if (!line.ok()) {
-    return absl::Status(
-        line.status().code(),
-        absl::StrCat("site ", name, ": ", line.status().message(), "\nlog:\n",
-                     LastLines(ReadFileOrEmpty(site.log_path), 20)));
-  }
-  absl::string_view address = *line;
-  if (!absl::ConsumePrefix(&address, "listening on ")) {
-    return absl::InternalError(
-        absl::StrCat("site ", name, " printed \"", *line,
-                     "\", not \"listening on HOST:PORT\""));
-  }
-  site.address = std::string(address);
-  if (!config.metrics_listen().empty()) {
-    absl::StatusOr<std::string> metrics =
-        site.process->ReadLine(absl::Now() + absl::Seconds(30) * TimeScale());
-    absl::string_view metrics_address =
-        metrics.ok() ? absl::string_view(*metrics) : "";
-    if (!absl::ConsumePrefix(&metrics_address, "metrics listening on ")) {
-      return absl::InternalError(absl::StrCat(
-          "site ", name, " printed no \"metrics listening on HOST:PORT\": ",
-          metrics.ok() ? *metrics : metrics.status().ToString()));
-    }
-    site.metrics_address = std::string(metrics_address);
-  }
+  DaemonStart start;
+  start.name = name;
+  start.argv = std::move(argv);
+  start.log_path = site.log_path;
+  start.expect_metrics = !config.metrics_listen().empty();
+  start.timeout = absl::Seconds(30) * TimeScale();
+  absl::StatusOr<StartedDaemon> daemon = StartDaemon(start);
+  if (!daemon.ok()) return daemon.status();
+  site.process = std::move(daemon->process);
+  site.address = std::move(daemon->address);
+  site.metrics_address = std::move(daemon->metrics_address);
   names_.push_back(name);
   sites_.emplace(name, std::move(site));
   return absl::OkStatus();

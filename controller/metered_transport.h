@@ -22,8 +22,8 @@
 // models this site receives are counted by ReceivedModelMeter (below), which
 // the daemon hands to its Peer service (PeerServiceOptions::
 // on_model_received).
-#ifndef SWARM_CLI_METERED_TRANSPORT_H_
-#define SWARM_CLI_METERED_TRANSPORT_H_
+#ifndef SWARM_CONTROLLER_METERED_TRANSPORT_H_
+#define SWARM_CONTROLLER_METERED_TRANSPORT_H_
 
 #include <cstdint>
 #include <deque>
@@ -142,4 +142,4 @@ class ReceivedModelMeter {
 
 }  // namespace swarm
 
-#endif  // SWARM_CLI_METERED_TRANSPORT_H_
+#endif  // SWARM_CONTROLLER_METERED_TRANSPORT_H_

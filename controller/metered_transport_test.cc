@@ -1,4 +1,4 @@
-#include "cli/metered_transport.h"
+#include "controller/metered_transport.h"
 
 #include <cstdlib>
 #include <memory>
