@@ -494,11 +494,18 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   if (target == nullptr || (target->round() < ask.round())) {
     // Not gathered here: ahead of this site, or a round it holds as a
     // trainer only (it is a backup now): either way it lacks the task.
-    const bool lacking = !run_->record.last_task_round.has_value() ||
-                         ask.round() > *run_->record.last_task_round ||
-                         (ask.round() == *run_->record.last_task_round &&
-                          run_->record.round_aggregator != options_.site &&
-                          run_->work.aggregating.count(ask.round()) == 0);
+    // Or this site went on along a chain that loses to the asker's (design
+    // section 6): it lacks the winning chain's task of that round, which
+    // the asker hands over (a "closed here" would leave the winning chain
+    // with no aggregator for the round).
+    const bool lacking =
+        !run_->record.last_task_round.has_value() ||
+        ask.round() > *run_->record.last_task_round ||
+        (ask.round() == *run_->record.last_task_round &&
+         run_->record.round_aggregator != options_.site &&
+         run_->work.aggregating.count(ask.round()) == 0) ||
+        CompareChains(LineageFromProto(ask.lineage()), run_->record.lineage,
+                      std::min(ask.round(), *run_->record.last_task_round)) < 0;
     reply.set_outcome(lacking ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
     reply.set_needs_learn_task(lacking);
     reply.set_message(

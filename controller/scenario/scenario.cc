@@ -169,6 +169,20 @@ void Scenario::CarryOne(Site& site, Effect& effect) {
           At(now_, name, "aggregate", [this, name, run = e] {
             StepSite(*sites_.at(name), RunAggregationWork(run));
           });
+        } else if constexpr (std::is_same_v<T, effect::AddResult>) {
+          Print("work",
+                absl::StrCat(name, ": add ",
+                             e.header.kind() == v1::MODEL_KIND_PARTIAL_SUM
+                                 ? "partial sum"
+                                 : "result",
+                             " of ", e.header.sender(), " r", e.round));
+          At(now_, name, "added", [this, name, add = e] {
+            StepSite(*sites_.at(name),
+                     event::ResultAdded{add.request, add.round, add.header,
+                                        add.job.Run(), add.job_run});
+          });
+        } else if constexpr (std::is_same_v<T, effect::Release>) {
+          // Dropped where the machine asked: nothing else holds it.
         } else if constexpr (std::is_same_v<T, effect::SetTimer>) {
           At(e.when, name, "timer", [this, name, id = e.timer] {
             Print("timers", absl::StrCat(name, ": timer ", id));
@@ -239,6 +253,10 @@ void Scenario::Persist(Site& site, const effect::Persist& persist) {
       break;
     case What::kClearOffload:
       what = "clear offload";
+      break;
+    case What::kSetAsideRound:
+      what = absl::StrCat("set aside r", persist.round, " as ", persist.tag);
+      site.kept.erase(persist.round);
       break;
   }
   const bool reported = persist.notify || persist.map_back;
