@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,10 @@ struct TrainOutput {
   // Training samples behind `model` (the FedAvg weight).
   uint64_t sample_count = 0;
   v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+  // The privacy cost of this training (DP-SGD's sampling rate, noise
+  // multiplier and steps) when it was differentially private; the site's
+  // accountant charges it before the result leaves (docs/privacy.md).
+  std::optional<v1::PrivacyCost> privacy;
 };
 
 // Metric name -> value, e.g. {"accuracy": 0.91, "loss": 0.27}.
