@@ -62,6 +62,17 @@ class Learner {
     return absl::OkStatus();
   }
 
+  // A job is being configured (or recovered from the workspace): the whole
+  // config, for learners that need more than its params (the privacy
+  // accountant needs the job id). Default: ConfigureForJob(learner_params).
+  virtual absl::Status ConfigureJob(const v1::JobConfig& job) {
+    return ConfigureForJob(std::map<std::string, std::string>(
+        job.learner_params().begin(), job.learner_params().end()));
+  }
+  // Adds what the learner reports to the site's status (the privacy spent).
+  // May be called from any thread. Default: nothing.
+  virtual void AddToStatus(v1::SiteStatus* status) {}
+
   // What the learner waits for right now, for the site's status, or "": e.g.
   // "waiting for trainer" while an external trainer has a task to take and
   // none is attached. May be called from any thread. Default: "".
