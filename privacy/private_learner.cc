@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -75,9 +76,19 @@ absl::Status PrivateLearner::ConfigureJob(const v1::JobConfig& job) {
   SWARM_ASSIGN_OR_RETURN(const double epsilon, ledger->Epsilon(delta()));
   std::map<std::string, std::string> params(job.learner_params().begin(),
                                             job.learner_params().end());
-  params.emplace("dp_rounds", absl::StrCat(std::max(job.num_rounds(), 1u)));
-  params.emplace("dp_delta", absl::StrFormat("%.17g", delta()));
-  SWARM_RETURN_IF_ERROR(inner_->ConfigureForJob(params));
+  // Only for a learner told to train privately (other learners would warn
+  // about parameters they do not know).
+  bool private_training = false;
+  for (const auto& [key, value] : params) {
+    private_training |= absl::StartsWith(key, "dp_");
+  }
+  if (private_training) {
+    params.emplace("dp_rounds", absl::StrCat(std::max(job.num_rounds(), 1u)));
+    params.emplace("dp_delta", absl::StrFormat("%.17g", delta()));
+  }
+  v1::JobConfig inner_job = job;
+  inner_job.mutable_learner_params()->insert(params.begin(), params.end());
+  SWARM_RETURN_IF_ERROR(inner_->ConfigureJob(inner_job));
   absl::MutexLock lock(&mu_);
   job_id_ = job.job_id();
   require_dp_ = job.require_dp();

@@ -60,6 +60,7 @@ v1::JobConfig Job(bool require_dp = false) {
   job.set_job_id("job-1");
   job.set_num_rounds(7);
   job.set_require_dp(require_dp);
+  (*job.mutable_learner_params())["dp_noise_multiplier"] = "1";
   return job;
 }
 
