@@ -427,7 +427,9 @@ int Run(int argc, char** argv) {
   }
   learners->learner = std::make_unique<privacy::PrivateLearner>(
       std::move(learners->learner), config->privacy(),
-      persist::Workspace(config->workspace()), config->name());
+      persist::Workspace(config->workspace()), config->name(),
+      std::map<std::string, std::string>(config->learner().params().begin(),
+                                         config->learner().params().end()));
   TuneMallocForModelStreams();
   WorkspaceModelStore store(config->workspace());
   absl::Status cleaned = store.workspace().CleanStaleOffloadAll();

@@ -30,13 +30,26 @@ std::string LedgerPath(const persist::Workspace& workspace,
   return absl::StrCat(workspace.JobDir(job_id), "/privacy.json");
 }
 
+namespace {
+
+bool AsksForDp(const std::map<std::string, std::string>& params) {
+  for (const auto& [key, value] : params) {
+    if (absl::StartsWith(key, "dp_")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 PrivateLearner::PrivateLearner(std::unique_ptr<Learner> inner,
                                v1::PrivacyPolicy policy,
-                               persist::Workspace workspace, std::string site)
+                               persist::Workspace workspace, std::string site,
+                               std::map<std::string, std::string> site_params)
     : inner_(std::move(inner)),
       policy_(std::move(policy)),
       workspace_(std::move(workspace)),
-      site_(std::move(site)) {}
+      site_(std::move(site)),
+      site_trains_privately_(AsksForDp(site_params)) {}
 
 double PrivateLearner::delta() const {
   return policy_.delta() > 0 ? policy_.delta() : kDefaultDelta;
@@ -78,11 +91,7 @@ absl::Status PrivateLearner::ConfigureJob(const v1::JobConfig& job) {
                                             job.learner_params().end());
   // Only for a learner told to train privately (other learners would warn
   // about parameters they do not know).
-  bool private_training = false;
-  for (const auto& [key, value] : params) {
-    private_training |= absl::StartsWith(key, "dp_");
-  }
-  if (private_training) {
+  if (site_trains_privately_ || AsksForDp(params)) {
     params.emplace("dp_rounds", absl::StrCat(std::max(job.num_rounds(), 1u)));
     params.emplace("dp_delta", absl::StrFormat("%.17g", delta()));
   }

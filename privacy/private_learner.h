@@ -45,9 +45,11 @@ std::string LedgerPath(const persist::Workspace& workspace,
 
 class PrivateLearner final : public Learner {
  public:
-  // `inner` does the training; `policy` must be valid.
+  // `inner` does the training; `policy` must be valid. `site_params` are
+  // the site's own learner params (the job's are merged over them).
   PrivateLearner(std::unique_ptr<Learner> inner, v1::PrivacyPolicy policy,
-                 persist::Workspace workspace, std::string site);
+                 persist::Workspace workspace, std::string site,
+                 std::map<std::string, std::string> site_params = {});
 
   absl::StatusOr<Model> InitialModel() override;
   absl::StatusOr<Metrics> Validate(const Model& global,
@@ -84,6 +86,8 @@ class PrivateLearner final : public Learner {
   const v1::PrivacyPolicy policy_;
   const persist::Workspace workspace_;
   const std::string site_;
+  // Whether the site's own learner params ask for DP-SGD (dp_*).
+  const bool site_trains_privately_;
   mutable absl::Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   bool require_dp_ ABSL_GUARDED_BY(mu_) = false;

@@ -177,6 +177,30 @@ TEST(PrivateLearnerTest, CorruptLedgerRefusesTheJob) {
   EXPECT_THAT(configured.message(), HasSubstr("must not restart from zero"));
 }
 
+// DP asked for in the site's own params: the job's rounds and the site's δ
+// still reach the learner (for dp_target_epsilon).
+TEST(PrivateLearnerTest, PlannedRoundsReachASiteThatAsksForDp) {
+  persist::testutil::ScopedTempDir dir;
+  auto fake = std::make_unique<FakeLearner>();
+  FakeLearner* raw = fake.get();
+  v1::PrivacyPolicy policy;
+  policy.set_delta(1e-6);
+  PrivateLearner learner(std::move(fake), policy,
+                         persist::Workspace(dir.path()), "a",
+                         {{"dp_target_epsilon", "3"}});
+  v1::JobConfig job = Job();
+  job.clear_learner_params();
+  ASSERT_TRUE(learner.ConfigureJob(job).ok());
+  EXPECT_EQ(raw->params["dp_rounds"], "7");
+  EXPECT_EQ(raw->params["dp_delta"], "9.9999999999999995e-07");
+  // Neither the site nor the job asks: nothing is added.
+  PrivateLearner plain(std::make_unique<FakeLearner>(), policy,
+                       persist::Workspace(dir.path()), "a");
+  ASSERT_TRUE(plain.ConfigureJob(job).ok());
+  EXPECT_EQ(static_cast<FakeLearner*>(plain.inner())->params.count("dp_rounds"),
+            0u);
+}
+
 TEST(PrivateLearnerTest, ValidatesThePolicy) {
   v1::PrivacyPolicy policy;
   EXPECT_TRUE(ValidatePolicy(policy).ok());
