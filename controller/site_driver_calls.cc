@@ -118,14 +118,19 @@ v1::StatusReply SiteDriver::Status() const {
 v1::StatusReply SiteDriver::WaitForStatusChange(
     uint64_t known_version, absl::Time deadline, uint64_t after_change,
     std::vector<StateChange>* changes) const {
-  absl::MutexLock lock(&mu_);
-  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return machine_.status_version() != known_version;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-  if (changes != nullptr) *changes = machine_.StateChangesAfter(after_change);
-  v1::StatusReply reply = machine_.Status();
-  // The learner's lock is a leaf: it never calls back into the driver.
+  v1::StatusReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return machine_.status_version() != known_version;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+    if (changes != nullptr) {
+      *changes = machine_.StateChangesAfter(after_change);
+    }
+    reply = machine_.Status();
+  }
+  // Outside the lock: the learner's part may wait for its own lock.
   learner_->AddToStatus(reply.mutable_status());
   return reply;
 }

@@ -138,9 +138,10 @@ absl::Status PrivateLearner::CheckBudget(uint32_t round) {
   return absl::OkStatus();
 }
 
-absl::Status PrivateLearner::Charge(uint32_t round, const TrainOutput& output) {
+absl::StatusOr<std::optional<PrivateLearner::PendingCharge>>
+PrivateLearner::PrepareCharge(uint32_t round, const TrainOutput& output) {
   if (!output.privacy.has_value()) {
-    if (!require_dp_) return absl::OkStatus();
+    if (!require_dp_) return std::nullopt;
     return absl::FailedPreconditionError(absl::StrFormat(
         "job %s requires differential privacy but the trainer reported no "
         "privacy cost for round %d (DP-SGD's sampling rate, noise multiplier "
@@ -156,21 +157,9 @@ absl::Status PrivateLearner::Charge(uint32_t round, const TrainOutput& output) {
   if (policy_.max_epsilon() > 0 && next > policy_.max_epsilon()) {
     return Exhausted(epsilon_, next);
   }
-  Accountant updated = ledger_;
-  SWARM_RETURN_IF_ERROR(updated.Add(round, cost));
-  SWARM_RETURN_IF_ERROR(workspace_.EnsureJobDirs(job_id_));
-  SWARM_RETURN_IF_ERROR(updated.Save(LedgerPath(workspace_, job_id_)));
-  ledger_ = std::move(updated);
-  epsilon_ = next;
-  SWARM_LOG_INFO(
-      "site %s, job %s: round %d charged (q=%.4g, sigma=%.4g, %d steps): "
-      "epsilon %.4f (delta %g)%s",
-      site_, job_id_, round, cost.sampling_rate(), cost.noise_multiplier(),
-      cost.steps(), epsilon_, delta(),
-      policy_.max_epsilon() > 0
-          ? absl::StrFormat(" of budget %g", policy_.max_epsilon())
-          : std::string());
-  return absl::OkStatus();
+  PendingCharge pending{job_id_, ledger_, next};
+  SWARM_RETURN_IF_ERROR(pending.ledger.Add(round, cost));
+  return pending;
 }
 
 absl::StatusOr<TrainOutput> PrivateLearner::Train(
@@ -181,8 +170,32 @@ absl::StatusOr<TrainOutput> PrivateLearner::Train(
   }
   absl::StatusOr<TrainOutput> output = inner_->Train(global, round, cancel);
   if (!output.ok()) return output;
+  std::optional<PendingCharge> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    SWARM_ASSIGN_OR_RETURN(pending, PrepareCharge(round, *output));
+  }
+  if (!pending.has_value()) return output;
+  // The ledger's write and fsync without the lock (status readers do not
+  // wait for it); only this training thread charges. The result leaves only
+  // once its cost is on disk.
+  SWARM_RETURN_IF_ERROR(workspace_.EnsureJobDirs(pending->job));
+  SWARM_RETURN_IF_ERROR(
+      pending->ledger.Save(LedgerPath(workspace_, pending->job)));
   absl::MutexLock lock(&mu_);
-  SWARM_RETURN_IF_ERROR(Charge(round, *output));
+  if (job_id_ == pending->job) {
+    ledger_ = std::move(pending->ledger);
+    epsilon_ = pending->epsilon;
+  }
+  const v1::PrivacyCost& cost = *output->privacy;
+  SWARM_LOG_INFO(
+      "site %s, job %s: round %d charged (q=%.4g, sigma=%.4g, %d steps): "
+      "epsilon %.4f (delta %g)%s",
+      site_, pending->job, round, cost.sampling_rate(), cost.noise_multiplier(),
+      cost.steps(), pending->epsilon, delta(),
+      policy_.max_epsilon() > 0
+          ? absl::StrFormat(" of budget %g", policy_.max_epsilon())
+          : std::string());
   return output;
 }
 

@@ -75,8 +75,17 @@ class PrivateLearner final : public Learner {
   // REQUIRES: mu_. FailedPrecondition when the budget does not allow
   // another round.
   absl::Status CheckBudget(uint32_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_. Charges `output`'s cost for `round` and persists it.
-  absl::Status Charge(uint32_t round, const TrainOutput& output)
+  // A charge checked and composed, to be written before it counts.
+  struct PendingCharge {
+    std::string job;
+    Accountant ledger;  // With the charge.
+    double epsilon = 0;
+  };
+  // REQUIRES: mu_. The ledger with `output`'s cost for `round` added
+  // (nullopt: the output reports none and the job does not require it), or
+  // why the result must not leave.
+  absl::StatusOr<std::optional<PendingCharge>> PrepareCharge(
+      uint32_t round, const TrainOutput& output)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exhausted(double epsilon, double next_epsilon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
