@@ -141,9 +141,8 @@ TEST_F(TrainerLinkTest, RequiredPrivacyCostIsCheckedAndPassedOn) {
   link_->SetRequireDp(true);
   const std::string session = Attach();
   Model global = MakeModel(1.0f);
-  auto refused = std::async(std::launch::async, [&] {
-    return link_->Train(global, 1, no_cancel_);
-  });
+  auto refused = std::async(
+      std::launch::async, [&] { return link_->Train(global, 1, no_cancel_); });
   v1::TrainerTask task = Next(session);
   EXPECT_TRUE(task.require_dp());
   absl::Status missing = Submit(session, task, MakeModel(2.0f));
@@ -153,9 +152,8 @@ TEST_F(TrainerLinkTest, RequiredPrivacyCostIsCheckedAndPassedOn) {
   EXPECT_THAT(std::string(refused.get().status().message()),
               HasSubstr("privacy=..."));
 
-  auto trained = std::async(std::launch::async, [&] {
-    return link_->Train(global, 2, no_cancel_);
-  });
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 2, no_cancel_); });
   task = Next(session);
   ASSERT_TRUE(WriteHandoffFile(MakeModel(3.0f), task.result_path()).ok());
   v1::SubmitResultRequest request;
