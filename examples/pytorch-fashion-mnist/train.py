@@ -16,7 +16,8 @@ the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
 Learner params: shard_file (required for the swarm), epochs (1), lr (0.05),
 lr_decay (1: none; round r trains at lr * lr_decay**r, as a baseline's epoch
 e does), momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
-DP-SGD (docs/privacy.md): dp_noise_multiplier (off), dp_clip_norm (1),
+DP-SGD (docs/privacy.md): dp_noise_multiplier (off) or dp_target_epsilon
+(the whole job's ε; the daemon adds dp_rounds and dp_delta), dp_clip_norm (1),
 dp_sampling_rate (batch_size / training images): each round then takes
 ceil(epochs / q) DP-SGD steps (swarm.dp) and reports their privacy cost with
 the result, which the site's accountant charges.
@@ -119,14 +120,19 @@ def train(model, x, y, epochs, lr, momentum, batch, seed):
 def train_private(model, x, y, p, lr):
     """One round of DP-SGD (learner params dp_*); returns its privacy
     cost."""
-    from swarm.dp import dp_sgd
+    from swarm.dp import dp_sgd, noise_multiplier_for_epsilon
     q = float(p.get("dp_sampling_rate",
                     min(1.0, int(p.get("batch_size", "64")) / len(y))))
     steps = math.ceil(int(p.get("epochs", "1")) / q - 1e-9)
+    if "dp_target_epsilon" in p:  # dp_rounds, dp_delta: set by the daemon
+        sigma = noise_multiplier_for_epsilon(
+            q, steps * int(p["dp_rounds"]), float(p["dp_target_epsilon"]),
+            float(p.get("dp_delta", "1e-5")))
+    else:
+        sigma = float(p["dp_noise_multiplier"])
     model.train()
     return dp_sgd(model, nn.functional.cross_entropy, x, y,
-                  sampling_rate=q,
-                  noise_multiplier=float(p["dp_noise_multiplier"]),
+                  sampling_rate=q, noise_multiplier=sigma,
                   clip_norm=float(p.get("dp_clip_norm", "1")), lr=lr,
                   steps=steps)
 
@@ -156,7 +162,7 @@ def run_swarm():
         lr = float(p.get("lr", "0.05")) * float(
             p.get("lr_decay", "1")) ** task.round
         cost = None
-        if "dp_noise_multiplier" in p:
+        if "dp_noise_multiplier" in p or "dp_target_epsilon" in p:
             cost = train_private(model, tx, ty, p, lr)
         else:
             train(model, tx, ty, int(p.get("epochs", "1")), lr,

@@ -145,3 +145,22 @@ class PrivacyTest(unittest.TestCase):
         self.assertEqual(tuple(cost), (1.0, 1e-9 / clip, 1))
         for p, e in zip(model.parameters(), expected):
             torch.testing.assert_close(p.detach(), e, atol=1e-6, rtol=1e-5)
+
+    def test_epsilon_matches_the_daemons_accountant(self):
+        try:
+            from swarm.dp import epsilon, noise_multiplier_for_epsilon
+        except ImportError as e:
+            self.skipTest(f"torch not installed: {e}")
+        # privacy/rdp_test.cc's figures (all orders, the daemon's grid): the
+        # integer orders alone never give less, and about the same at small
+        # epsilon (at large epsilon the best order is fractional, below 2).
+        for q, sigma, steps, daemon, slack in [
+                (0.01, 4.0, 10000, 1.0355, 1.03),
+                (256 / 60000, 1.1, 14063, 2.5967, 1.03),
+                (0.05, 0.8, 500, 13.3353, 1.15)]:
+            eps = epsilon(q, sigma, steps, 1e-5)
+            self.assertGreaterEqual(eps, daemon * 0.999)
+            self.assertLess(eps, daemon * slack)
+        sigma = noise_multiplier_for_epsilon(0.01, 5000, 3.0)
+        self.assertLessEqual(epsilon(0.01, sigma, 5000, 1e-5), 3.0)
+        self.assertGreater(epsilon(0.01, sigma, 5000, 1e-5), 2.97)
