@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
@@ -68,6 +69,9 @@ struct SiteMetrics::Families {
   GaugeFamily* max_in_flight = nullptr;
   GaugeFamily* job_info = nullptr;
   GaugeFamily* last_error = nullptr;
+  GaugeFamily* privacy_epsilon = nullptr;
+  GaugeFamily* privacy_budget = nullptr;
+  GaugeFamily* privacy_exhausted = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
@@ -179,6 +183,16 @@ absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
         {"site", "job"});
   gauge(&f.last_error, "swarm_last_error_timestamp_seconds",
         "Unix time of this site's last reported error (0: none).", {"site"});
+  gauge(&f.privacy_epsilon, "swarm_privacy_epsilon",
+        "Differential privacy spent on this site's training data in the "
+        "current job: epsilon for the site's delta (label delta).",
+        {"site", "delta"});
+  gauge(&f.privacy_budget, "swarm_privacy_budget_epsilon",
+        "The site's privacy budget (max_epsilon; 0: none).", {"site"});
+  gauge(&f.privacy_exhausted, "swarm_privacy_budget_exhausted",
+        "1 once the site stopped training for the job at its privacy "
+        "budget.",
+        {"site"});
   if (!status.ok()) return status;
   return std::unique_ptr<SiteMetrics>(
       new SiteMetrics(std::move(site), std::move(families)));
@@ -265,6 +279,14 @@ void SiteMetrics::ObserveGauges(const v1::SiteStatus& status) {
       ->Set(static_cast<double>(status.counters().submissions_in_flight()));
   Child(f.max_in_flight, {site_})
       ->Set(static_cast<double>(status.counters().max_submissions_in_flight()));
+  if (status.has_privacy()) {
+    const v1::PrivacySpent& privacy = status.privacy();
+    Child(f.privacy_epsilon, {site_, absl::StrFormat("%g", privacy.delta())})
+        ->Set(privacy.epsilon());
+    Child(f.privacy_budget, {site_})->Set(privacy.max_epsilon());
+    Child(f.privacy_exhausted, {site_})
+        ->Set(privacy.budget_exhausted() ? 1 : 0);
+  }
   if (status.last_error_time_ms() != last_error_time_ms_) {
     last_error_time_ms_ = status.last_error_time_ms();
     Child(f.last_error, {site_})->Set(status.last_error_time_ms() / 1000.0);

@@ -47,6 +47,7 @@
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics.h"
 #include "persist/workspace.h"
+#include "privacy/private_learner.h"
 #include "report/round_recorder.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/peer_client.h"
@@ -418,6 +419,18 @@ int Run(int argc, char** argv) {
     SWARM_LOG_ERROR("learner: %s", learners.status().message());
     return 2;
   }
+  // The site's privacy accountant wraps whatever learner trains
+  // (docs/privacy.md).
+  if (absl::Status policy = privacy::ValidatePolicy(config->privacy());
+      !policy.ok()) {
+    SWARM_LOG_ERROR("site config %s: %s", flags.config_path, policy.message());
+    return 2;
+  }
+  learners->learner = std::make_unique<privacy::PrivateLearner>(
+      std::move(learners->learner), config->privacy(),
+      persist::Workspace(config->workspace()), config->name(),
+      std::map<std::string, std::string>(config->learner().params().begin(),
+                                         config->learner().params().end()));
   TuneMallocForModelStreams();
   WorkspaceModelStore store(config->workspace());
   absl::Status cleaned = store.workspace().CleanStaleOffloadAll();

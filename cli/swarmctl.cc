@@ -454,6 +454,16 @@ std::string StatusEvents(const std::string& name, const v1::SiteStatus& s) {
                           "    %s: stopped waiting for %u silent trainer(s)\n",
                           name, c.trainers_dropped());
   }
+  if (s.has_privacy()) {
+    const v1::PrivacySpent& p = s.privacy();
+    absl::StrAppendFormat(
+        &events,
+        "    %s: privacy spent: epsilon %.3f (delta %g) over %u round(s)%s%s\n",
+        name, p.epsilon(), p.delta(), p.rounds(),
+        p.max_epsilon() > 0 ? absl::StrFormat(" of budget %g", p.max_epsilon())
+                            : std::string(),
+        p.budget_exhausted() ? ": budget exhausted, stopped training" : "");
+  }
   if (!s.end_reason().empty()) {
     absl::StrAppendFormat(&events, "    %s: ended: %s\n", name, s.end_reason());
   }

@@ -23,9 +23,7 @@ v1::Reply SiteDriver::Configure(const v1::ConfigureRequest& request) {
     if (early.has_value()) return *early;
   }
   // The job's learner_params override the site's; a bad one refuses the job.
-  absl::Status learner =
-      learner_->ConfigureForJob(std::map<std::string, std::string>(
-          job.learner_params().begin(), job.learner_params().end()));
+  absl::Status learner = learner_->ConfigureJob(job);
   if (!learner.ok()) {
     return MakeReply(v1::OUTCOME_BAD_REQUEST,
                      absl::StrCat("learner_params: ", learner.message()));
@@ -52,9 +50,7 @@ absl::StatusOr<std::string> SiteDriver::RecoverJob() {
   if (!stored->has_value()) return std::string();
   StoredJob& job = **stored;
   absl::MutexLock configuring(&configure_mu_);
-  absl::Status learner =
-      learner_->ConfigureForJob(std::map<std::string, std::string>(
-          job.job.learner_params().begin(), job.job.learner_params().end()));
+  absl::Status learner = learner_->ConfigureJob(job.job);
   if (!learner.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job.job.job_id(), " in the workspace: its ",
@@ -110,20 +106,33 @@ v1::Reply SiteDriver::Abort(const v1::AbortRequest& request) {
 }
 
 v1::StatusReply SiteDriver::Status() const {
-  absl::MutexLock lock(&mu_);
-  return machine_.Status();
+  v1::StatusReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    reply = machine_.Status();
+  }
+  learner_->AddToStatus(reply.mutable_status());
+  return reply;
 }
 
 v1::StatusReply SiteDriver::WaitForStatusChange(
     uint64_t known_version, absl::Time deadline, uint64_t after_change,
     std::vector<StateChange>* changes) const {
-  absl::MutexLock lock(&mu_);
-  auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return machine_.status_version() != known_version;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-  if (changes != nullptr) *changes = machine_.StateChangesAfter(after_change);
-  return machine_.Status();
+  v1::StatusReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    auto changed = [this, known_version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return machine_.status_version() != known_version;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+    if (changes != nullptr) {
+      *changes = machine_.StateChangesAfter(after_change);
+    }
+    reply = machine_.Status();
+  }
+  // Outside the lock: the learner's part may wait for its own lock.
+  learner_->AddToStatus(reply.mutable_status());
+  return reply;
 }
 
 void SiteDriver::WhenStatusChanges(uint64_t known_version, absl::Time deadline,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,10 @@ struct TrainOutput {
   // Training samples behind `model` (the FedAvg weight).
   uint64_t sample_count = 0;
   v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+  // The privacy cost of this training (DP-SGD's sampling rate, noise
+  // multiplier and steps) when it was differentially private; the site's
+  // accountant charges it before the result leaves (docs/privacy.md).
+  std::optional<v1::PrivacyCost> privacy;
 };
 
 // Metric name -> value, e.g. {"accuracy": 0.91, "loss": 0.27}.
@@ -56,6 +61,17 @@ class Learner {
       const std::map<std::string, std::string>& job_params) {
     return absl::OkStatus();
   }
+
+  // A job is being configured (or recovered from the workspace): the whole
+  // config, for learners that need more than its params (the privacy
+  // accountant needs the job id). Default: ConfigureForJob(learner_params).
+  virtual absl::Status ConfigureJob(const v1::JobConfig& job) {
+    return ConfigureForJob(std::map<std::string, std::string>(
+        job.learner_params().begin(), job.learner_params().end()));
+  }
+  // Adds what the learner reports to the site's status (the privacy spent).
+  // May be called from any thread. Default: nothing.
+  virtual void AddToStatus(v1::SiteStatus* status) {}
 
   // What the learner waits for right now, for the site's status, or "": e.g.
   // "waiting for trainer" while an external trainer has a task to take and

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "learner/learner_params.h"
 #include "learner/random.h"
+#include "privacy/rdp.h"
 
 namespace swarm {
 namespace {
@@ -37,6 +38,12 @@ constexpr const char* kKnownKeys[] = {
     "batch_size",
     "epochs",
     "seed",
+    "dp_noise_multiplier",
+    "dp_target_epsilon",
+    "dp_rounds",
+    "dp_delta",
+    "dp_clip_norm",
+    "dp_sampling_rate",
 };
 
 // Stream purpose of the per-round minibatch order ("TRAN").
@@ -186,6 +193,38 @@ absl::Status ParseTrainingOptions(
   return absl::OkStatus();
 }
 
+// Differential privacy: the dp_* parameters.
+absl::Status ParseDpOptions(absl::string_view site,
+                            const std::map<std::string, std::string>& params,
+                            MlpDpOptions& o) {
+  if (auto p = Lookup(params, "dp_noise_multiplier", site)) {
+    SWARM_ASSIGN_OR_RETURN(o.noise_multiplier,
+                           ParseDouble(*p, 0, 1e4, false, true));
+  }
+  if (auto p = Lookup(params, "dp_target_epsilon", site)) {
+    SWARM_ASSIGN_OR_RETURN(o.target_epsilon,
+                           ParseDouble(*p, 0, 1e4, false, true));
+    if (o.noise_multiplier > 0) {
+      return BadParam(*p, "excludes dp_noise_multiplier: set one of them");
+    }
+  }
+  if (auto p = Lookup(params, "dp_rounds", site)) {
+    SWARM_ASSIGN_OR_RETURN(uint64_t v, ParseUintParam(*p, 1, 1000000));
+    o.rounds = static_cast<uint32_t>(v);
+  }
+  if (auto p = Lookup(params, "dp_delta", site)) {
+    SWARM_ASSIGN_OR_RETURN(o.delta, ParseDouble(*p, 0, 0.1, false, false));
+  }
+  if (auto p = Lookup(params, "dp_clip_norm", site)) {
+    SWARM_ASSIGN_OR_RETURN(double v, ParseDouble(*p, 0, 1e6, false, true));
+    o.clip_norm = static_cast<float>(v);
+  }
+  if (auto p = Lookup(params, "dp_sampling_rate", site)) {
+    SWARM_ASSIGN_OR_RETURN(o.sampling_rate, ParseDouble(*p, 0, 1, false, true));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
@@ -195,6 +234,7 @@ absl::StatusOr<MlpLearnerOptions> ParseMlpLearnerOptions(
   SWARM_RETURN_IF_ERROR(ParseSiteOptions(site, params, o));
   SWARM_RETURN_IF_ERROR(ParseSplitOptions(site, params, o));
   SWARM_RETURN_IF_ERROR(ParseTrainingOptions(site, params, o));
+  SWARM_RETURN_IF_ERROR(ParseDpOptions(site, params, o.dp));
   return o;
 }
 
@@ -324,6 +364,8 @@ absl::StatusOr<TrainOutput> MlpLearner::Train(const Model& global,
   }
   SWARM_ASSIGN_OR_RETURN(
       Mlp net, Load(global, absl::StrFormat("round %d: global model", round)));
+  if (options_.dp.enabled())
+    return TrainPrivatelyOutput(global, net, round, cancel);
   SgdOptions sgd;
   sgd.learning_rate = options_.lr;
   sgd.lr_decay = options_.lr_decay;
@@ -362,6 +404,84 @@ absl::StatusOr<TrainOutput> MlpLearner::Train(const Model& global,
   out.model.metadata().clear();  // The controller writes its own.
   out.sample_count = train_.size();
   out.kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+  if (cancel.load(std::memory_order_acquire)) {
+    return absl::CancelledError(
+        absl::StrFormat("mlp learner (site %s): training of round %d cancelled",
+                        options_.site, round));
+  }
+  return out;
+}
+
+absl::StatusOr<DpSgdOptions> MlpLearner::DpSettings() {
+  const MlpDpOptions& o = options_.dp;
+  DpSgdOptions dp;
+  dp.clip_norm = o.clip_norm;
+  dp.sampling_rate =
+      o.sampling_rate > 0
+          ? o.sampling_rate
+          : std::min(1.0, static_cast<double>(options_.batch_size) /
+                              static_cast<double>(
+                                  std::max<size_t>(train_.size(), 1)));
+  dp.steps = DpSgdSteps(options_.epochs, dp.sampling_rate);
+  if (o.noise_multiplier > 0) {
+    dp.noise_multiplier = o.noise_multiplier;
+    return dp;
+  }
+  if (dp_sigma_ == 0) {
+    if (o.rounds == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "mlp learner (site %s): learner param \"dp_target_epsilon\" needs "
+          "\"dp_rounds\", the rounds planned",
+          options_.site));
+    }
+    SWARM_ASSIGN_OR_RETURN(dp_sigma_, privacy::NoiseMultiplierForEpsilon(
+                                          dp.sampling_rate, dp.steps * o.rounds,
+                                          o.target_epsilon, o.delta));
+    SWARM_LOG_INFO(
+        "mlp learner (site %s): DP-SGD noise multiplier %.4g for epsilon %g "
+        "(delta %g) over %d rounds of %d steps at q=%.4g",
+        options_.site, dp_sigma_, o.target_epsilon, o.delta, o.rounds, dp.steps,
+        dp.sampling_rate);
+  }
+  dp.noise_multiplier = dp_sigma_;
+  return dp;
+}
+
+absl::StatusOr<TrainOutput> MlpLearner::TrainPrivatelyOutput(
+    const Model& global, Mlp& net, uint32_t round,
+    const std::atomic<bool>& cancel) {
+  SWARM_ASSIGN_OR_RETURN(DpSgdOptions dp, DpSettings());
+  SgdOptions sgd;
+  sgd.learning_rate = options_.lr;
+  sgd.lr_decay = options_.lr_decay;
+  sgd.first_epoch = uint64_t{round} * options_.epochs;
+  sgd.momentum = options_.momentum;
+  sgd.balanced_softmax = false;
+  absl::StatusOr<DpSgdReport> report =
+      TrainDpSgd(net, train_, {}, sgd, dp, &cancel);
+  if (!report.ok()) {
+    return absl::Status(
+        report.status().code(),
+        absl::StrFormat("mlp learner (site %s): round %d: %s", options_.site,
+                        round, report.status().message()));
+  }
+  SWARM_LOG_INFO(
+      "mlp learner (site %s): round %d: DP-SGD %d steps (q=%.4g, sigma=%.4g, "
+      "clip %g) on %d samples in %.2f s, loss %.4f, %.0f%% clipped",
+      options_.site, round, report->steps, dp.sampling_rate,
+      dp.noise_multiplier, dp.clip_norm, train_.size(), report->seconds,
+      report->mean_loss, 100 * report->clipped_fraction);
+  TrainOutput out;
+  SWARM_ASSIGN_OR_RETURN(out.model, global.Clone());
+  SWARM_RETURN_IF_ERROR(net.WriteTo(&out.model));
+  out.model.metadata().clear();
+  out.sample_count = train_.size();
+  out.kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+  v1::PrivacyCost cost;
+  cost.set_sampling_rate(dp.sampling_rate);
+  cost.set_noise_multiplier(dp.noise_multiplier);
+  cost.set_steps(dp.steps);
+  out.privacy = cost;
   if (cancel.load(std::memory_order_acquire)) {
     return absl::CancelledError(
         absl::StrFormat("mlp learner (site %s): training of round %d cancelled",

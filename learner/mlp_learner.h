@@ -26,6 +26,19 @@
 //   seed                 seed of the initial model and of the
 //                        minibatch order (mixed with round and
 //                        site_index)                                1
+// Differential privacy (DP-SGD, dp_sgd.h; docs/privacy.md). Set one of
+// dp_noise_multiplier or dp_target_epsilon to train privately:
+//   dp_noise_multiplier  σ, noise std over the clip norm, > 0       off
+//   dp_target_epsilon    ε the planned rounds may spend in total; σ
+//                        is the smallest that keeps within it       off
+//   dp_rounds            rounds planned, for dp_target_epsilon
+//                        (the daemon sets the job's num_rounds)     -
+//   dp_delta             δ for dp_target_epsilon, in (0, 0.1)       1e-5
+//   dp_clip_norm         per-example gradient clip norm, > 0        1
+//   dp_sampling_rate     Poisson sampling rate q, in (0, 1]
+//                        (default batch_size / training samples)
+// Each round then takes ceil(epochs / q) steps and reports its cost with
+// the result; the balanced softmax is off (its priors are not private).
 //
 // Every site of a job must use the same sites, partition, alpha, data_seed,
 // max_train_samples and validation_fraction (so the shards are disjoint and
@@ -52,11 +65,23 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "learner/dp_sgd.h"
 #include "learner/fashion_mnist.h"
 #include "learner/learner.h"
 #include "learner/mlp.h"
 
 namespace swarm {
+
+// The DP-SGD parameters above.
+struct MlpDpOptions {
+  double noise_multiplier = 0;
+  double target_epsilon = 0;
+  uint32_t rounds = 0;
+  double delta = 1e-5;
+  float clip_norm = 1.0f;
+  double sampling_rate = 0;  // 0: batch_size / training samples.
+  bool enabled() const { return noise_multiplier > 0 || target_epsilon > 0; }
+};
 
 struct MlpLearnerOptions {
   std::string site;
@@ -76,6 +101,7 @@ struct MlpLearnerOptions {
   uint32_t batch_size = 64;
   uint32_t epochs = 1;
   uint64_t seed = 1;
+  MlpDpOptions dp;
 };
 
 // Reads the parameters above for `site`. A malformed or out-of-range value
@@ -134,6 +160,14 @@ class MlpLearner final : public Learner {
 
   // `model` as a network of this learner's sizes; errors name `what`.
   absl::StatusOr<Mlp> Load(const Model& model, absl::string_view what) const;
+  // Train with DP-SGD (options_.dp enabled): `net` is the global model;
+  // the output carries the round's privacy cost.
+  absl::StatusOr<TrainOutput> TrainPrivatelyOutput(
+      const Model& global, Mlp& net, uint32_t round,
+      const std::atomic<bool>& cancel);
+  // The round's DP-SGD settings: q, steps, and σ (from dp_target_epsilon
+  // on first use).
+  absl::StatusOr<DpSgdOptions> DpSettings();
   std::string Describe() const;
 
   MlpLearnerOptions options_;
@@ -142,6 +176,7 @@ class MlpLearner final : public Learner {
   ImageDataset validation_;
   std::unique_ptr<ImageDataset> test_;  // Loaded on first EvaluateTest.
   std::function<void(const EpochReport&)> epoch_callback_;
+  double dp_sigma_ = 0;  // σ found for dp_target_epsilon; 0: not yet.
 };
 
 }  // namespace swarm

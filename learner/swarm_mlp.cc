@@ -25,7 +25,8 @@
 // defaults are the learner's): --data-dir --sites --partition iid|dirichlet
 // --alpha --data-seed --validation-fraction --max-train-samples --hidden
 // --lr --lr-decay --momentum --balanced-softmax --batch-size --epochs
-// --seed.
+// --seed; DP-SGD: --dp-noise-multiplier or --dp-target-epsilon with
+// --dp-rounds, --dp-delta --dp-clip-norm --dp-sampling-rate.
 //
 // Output: progress lines on stderr; results on stdout as one line of
 // key=value pairs, e.g.
@@ -92,6 +93,12 @@ constexpr const char* kLearnerFlags[] = {
     "batch-size",
     "epochs",
     "seed",
+    "dp-noise-multiplier",
+    "dp-target-epsilon",
+    "dp-rounds",
+    "dp-delta",
+    "dp-clip-norm",
+    "dp-sampling-rate",
 };
 
 enum ExitCode { kOk = 0, kFailed = 1, kUsageError = 2 };

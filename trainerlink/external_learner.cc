@@ -230,4 +230,10 @@ absl::Status ExternalLearner::ConfigureForJob(
   return absl::OkStatus();
 }
 
+absl::Status ExternalLearner::ConfigureJob(const v1::JobConfig& job) {
+  link_->SetRequireDp(job.require_dp());
+  return ConfigureForJob(std::map<std::string, std::string>(
+      job.learner_params().begin(), job.learner_params().end()));
+}
+
 }  // namespace swarm::trainerlink

@@ -57,6 +57,8 @@ class ExternalLearner final : public Learner {
   // Keeps the job's learner_params (merged over the site's) for the tasks.
   absl::Status ConfigureForJob(
       const std::map<std::string, std::string>& job_params) override;
+  // Also tells the link whether the job requires differential privacy.
+  absl::Status ConfigureJob(const v1::JobConfig& job) override;
 
   // Stops the trainer (launch mode), ends every waiting call and stops
   // serving. Idempotent.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "privacy/accountant.h"
 #include "trainerlink/model_files.h"
 
 namespace swarm::trainerlink {
@@ -312,6 +313,30 @@ absl::Status TrainerLink::ReportValidation(
   return absl::OkStatus();
 }
 
+void TrainerLink::SetRequireDp(bool require_dp) {
+  absl::MutexLock lock(&mu_);
+  require_dp_ = require_dp;
+}
+
+absl::Status TrainerLink::CheckPrivacyReport(
+    const Task& task, const v1::SubmitResultRequest& request) {
+  if (task.proto.kind() != v1::TRAINER_TASK_TRAIN) return absl::OkStatus();
+  if (!request.has_privacy()) {
+    if (!task.proto.require_dp()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "result of ", TaskName(task.proto),
+        ": the job requires differential privacy and the result reports no "
+        "privacy cost (SubmitResultRequest.privacy: sampling_rate, "
+        "noise_multiplier, steps; the SDK's task.submit(..., privacy=...))"));
+  }
+  if (absl::Status valid = privacy::ValidateCost(request.privacy());
+      !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "result of ", TaskName(task.proto), ": ", valid.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TrainerLink::SubmitResult(const v1::SubmitResultRequest& request) {
   std::string path;
   std::vector<TensorSpec> expected;
@@ -333,6 +358,11 @@ absl::Status TrainerLink::SubmitResult(const v1::SubmitResultRequest& request) {
       return absl::OkStatus();
     }
     initial = (*task)->proto.kind() == v1::TRAINER_TASK_INITIAL_MODEL;
+    if (absl::Status privacy = CheckPrivacyReport(**task, request);
+        !privacy.ok()) {
+      Finish(*task, privacy);
+      return privacy;
+    }
     if (!initial && request.sample_count() == 0) {
       const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
           "result of ", TaskName((*task)->proto),
@@ -367,6 +397,7 @@ absl::Status TrainerLink::SubmitResult(const v1::SubmitResultRequest& request) {
   held->result = std::move(*result);
   held->sample_count = request.sample_count();
   held->payload_kind = request.payload_kind();
+  if (request.has_privacy()) held->privacy = request.privacy();
   Finish(held.get(), absl::OkStatus());
   return absl::OkStatus();
 }
@@ -408,6 +439,7 @@ absl::StatusOr<std::shared_ptr<TrainerLink::Task>> TrainerLink::Publish(
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the site is shutting down");
     task->proto.set_task_id(next_task_id_++);
+    task->proto.set_require_dp(require_dp_);
     if (task_ != nullptr && task_->state != TaskState::kFinished) {
       Finish(task_.get(), absl::CancelledError(absl::StrCat(
                               "superseded by ", TaskName(task->proto),
@@ -550,6 +582,7 @@ absl::StatusOr<TrainOutput> TrainerLink::Train(
   output.model = std::move(*task->result);
   output.sample_count = task->sample_count;
   output.kind = task->payload_kind;
+  output.privacy = task->privacy;
   return output;
 }
 

@@ -70,6 +70,10 @@ class TrainerLink {
   void SetJobView(std::function<JobView()> view);
   // Parameters handed to the trainer with every task.
   void SetParams(std::map<std::string, std::string> params);
+  // The job requires differential privacy: tasks say so
+  // (TrainerTask.require_dp) and a TRAIN result without its privacy cost is
+  // refused, naming what is missing.
+  void SetRequireDp(bool require_dp);
 
   // --- Trainer side. Errors carry the codes listed in trainer_link.proto.
   absl::StatusOr<v1::AttachReply> Attach(const v1::AttachRequest& request);
@@ -123,10 +127,15 @@ class TrainerLink {
     std::optional<Model> result;
     uint64_t sample_count = 0;
     v1::PayloadKind payload_kind = v1::PAYLOAD_KIND_FULL_WEIGHTS;
+    std::optional<v1::PrivacyCost> privacy;  // As the trainer reported it.
     absl::Time deadline;
   };
 
   JobView View();
+  // OK unless `request` (for `task`) lacks a privacy cost the job requires
+  // or reports an invalid one.
+  static absl::Status CheckPrivacyReport(
+      const Task& task, const v1::SubmitResultRequest& request);
   // A new task (the model file written first, without the lock). Supersedes
   // the current task.
   absl::StatusOr<std::shared_ptr<Task>> Publish(v1::TrainerTaskKind kind,
@@ -160,6 +169,7 @@ class TrainerLink {
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::string> params_ ABSL_GUARDED_BY(mu_);
+  bool require_dp_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Session> session_ ABSL_GUARDED_BY(mu_);
   uint64_t session_changes_ ABSL_GUARDED_BY(mu_) = 0;
   // What the waiting listener was last told.

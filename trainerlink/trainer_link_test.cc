@@ -135,6 +135,42 @@ TEST_F(TrainerLinkTest, ValidateTrainSubmit) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A job that requires DP: the task says so, a result without its privacy
+// cost is refused with the reason, and a reported cost reaches the learner.
+TEST_F(TrainerLinkTest, RequiredPrivacyCostIsCheckedAndPassedOn) {
+  link_->SetRequireDp(true);
+  const std::string session = Attach();
+  Model global = MakeModel(1.0f);
+  auto refused = std::async(
+      std::launch::async, [&] { return link_->Train(global, 1, no_cancel_); });
+  v1::TrainerTask task = Next(session);
+  EXPECT_TRUE(task.require_dp());
+  absl::Status missing = Submit(session, task, MakeModel(2.0f));
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(missing.message()),
+              HasSubstr("requires differential privacy"));
+  EXPECT_THAT(std::string(refused.get().status().message()),
+              HasSubstr("privacy=..."));
+
+  auto trained = std::async(
+      std::launch::async, [&] { return link_->Train(global, 2, no_cancel_); });
+  task = Next(session);
+  ASSERT_TRUE(WriteHandoffFile(MakeModel(3.0f), task.result_path()).ok());
+  v1::SubmitResultRequest request;
+  request.set_session_id(session);
+  request.set_task_id(task.task_id());
+  request.set_sample_count(8);
+  request.mutable_privacy()->set_sampling_rate(0.01);
+  request.mutable_privacy()->set_noise_multiplier(1.1);
+  request.mutable_privacy()->set_steps(100);
+  ASSERT_TRUE(link_->SubmitResult(request).ok());
+  absl::StatusOr<TrainOutput> output = trained.get();
+  ASSERT_TRUE(output.ok()) << output.status();
+  ASSERT_TRUE(output->privacy.has_value());
+  EXPECT_EQ(output->privacy->steps(), 100u);
+  EXPECT_EQ(output->privacy->noise_multiplier(), 1.1);
+}
+
 TEST_F(TrainerLinkTest, InitialModelFromTheTrainer) {
   const std::string session = Attach();
   auto initial =

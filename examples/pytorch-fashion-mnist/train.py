@@ -16,10 +16,16 @@ the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
 Learner params: shard_file (required for the swarm), epochs (1), lr (0.05),
 lr_decay (1: none; round r trains at lr * lr_decay**r, as a baseline's epoch
 e does), momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
+DP-SGD (docs/privacy.md): dp_noise_multiplier (off) or dp_target_epsilon
+(the whole job's ε; the daemon adds dp_rounds and dp_delta), dp_clip_norm (1),
+dp_sampling_rate (batch_size / training images): each round then takes
+ceil(epochs / q) DP-SGD steps (swarm.dp) and reports their privacy cost with
+the result, which the site's accountant charges.
 """
 import argparse
 import gzip
 import json
+import math
 import os
 import sys
 import time
@@ -111,6 +117,26 @@ def train(model, x, y, epochs, lr, momentum, batch, seed):
             opt.step()
 
 
+def train_private(model, x, y, p, lr):
+    """One round of DP-SGD (learner params dp_*); returns its privacy
+    cost."""
+    from swarm.dp import dp_sgd, noise_multiplier_for_epsilon
+    q = float(p.get("dp_sampling_rate",
+                    min(1.0, int(p.get("batch_size", "64")) / len(y))))
+    steps = math.ceil(int(p.get("epochs", "1")) / q - 1e-9)
+    if "dp_target_epsilon" in p:  # dp_rounds, dp_delta: set by the daemon
+        sigma = noise_multiplier_for_epsilon(
+            q, steps * int(p["dp_rounds"]), float(p["dp_target_epsilon"]),
+            float(p.get("dp_delta", "1e-5")))
+    else:
+        sigma = float(p["dp_noise_multiplier"])
+    model.train()
+    return dp_sgd(model, nn.functional.cross_entropy, x, y,
+                  sampling_rate=q, noise_multiplier=sigma,
+                  clip_norm=float(p.get("dp_clip_norm", "1")), lr=lr,
+                  steps=steps)
+
+
 def run_swarm():
     import swarm  # The SDK: <build>/python on PYTHONPATH.
     import swarm.torch  # noqa: F401 (swarm.torch helpers)
@@ -135,13 +161,18 @@ def run_swarm():
         start = time.time()
         lr = float(p.get("lr", "0.05")) * float(
             p.get("lr_decay", "1")) ** task.round
-        train(model, tx, ty, int(p.get("epochs", "1")), lr,
-              float(p.get("momentum", "0.9")),
-              int(p.get("batch_size", "64")),
-              int(p.get("seed", "1")) * 100003 + task.round)
+        cost = None
+        if "dp_noise_multiplier" in p or "dp_target_epsilon" in p:
+            cost = train_private(model, tx, ty, p, lr)
+        else:
+            train(model, tx, ty, int(p.get("epochs", "1")), lr,
+                  float(p.get("momentum", "0.9")),
+                  int(p.get("batch_size", "64")),
+                  int(p.get("seed", "1")) * 100003 + task.round)
         task.submit(swarm.torch.from_state_dict(model.state_dict()),
                     num_samples=len(ty),
-                    metrics={"train_seconds": time.time() - start})
+                    metrics={"train_seconds": time.time() - start},
+                    privacy=cost)
 
 
 def main():

@@ -47,6 +47,25 @@ class TensorDict(dict):
         self.dtypes = dict(dtypes)
 
 
+def _privacy_cost(privacy) -> Optional[swarm_pb2.PrivacyCost]:
+    """A PrivacyCost message from a tuple, a mapping or None."""
+    if privacy is None:
+        return None
+    if isinstance(privacy, Mapping):
+        q, sigma, steps = (privacy["sampling_rate"],
+                           privacy["noise_multiplier"], privacy["steps"])
+    else:
+        q, sigma, steps = privacy
+    if not 0 < float(q) <= 1 or not float(sigma) > 0 or int(steps) < 1:
+        raise ResultRejected(
+            f"privacy cost (sampling_rate={q}, noise_multiplier={sigma}, "
+            f"steps={steps}): the rate must be in (0, 1], the noise > 0 and "
+            f"the steps >= 1")
+    return swarm_pb2.PrivacyCost(sampling_rate=float(q),
+                                 noise_multiplier=float(sigma),
+                                 steps=int(steps))
+
+
 class Task:
     """One unit of work from the site.
 
@@ -69,6 +88,8 @@ class Task:
         self.want_validation: bool = proto.want_validation
         self.metric_names: List[str] = list(proto.metric_names)
         self.deadline_unix_ms: int = proto.deadline_unix_ms
+        # The job requires differential privacy: submit(..., privacy=...).
+        self.require_dp: bool = proto.require_dp
         self.dtypes: Dict[str, str] = {}
         self.model: Optional[TensorDict] = None
         self.done = False
@@ -92,9 +113,15 @@ class Task:
 
     def submit(self, tensors: Tensors, num_samples: int,
                metrics: Optional[Mapping[str, float]] = None,
-               diff: bool = False, check: bool = True) -> None:
+               diff: bool = False, check: bool = True,
+               privacy=None) -> None:
         """Sends the trained weights (or, with diff=True, weights minus the
         task's model). `num_samples` is the FedAvg weight (> 0).
+
+        `privacy`: the DP-SGD cost of this training, (sampling_rate,
+        noise_multiplier, steps) as a tuple, a mapping or swarm.dp's
+        PrivacyCost; the site charges it to its accountant. Required when
+        `require_dp` (the site refuses the result otherwise).
 
         With check=True the tensor table is compared with the task's first
         (TensorMismatch names the tensor). Raises ResultRejected when the site
@@ -106,6 +133,11 @@ class Task:
         if check and self.kind == "train" and num_samples <= 0:
             raise ResultRejected(
                 f"num_samples is {num_samples}: it must be > 0")
+        cost = _privacy_cost(privacy)
+        if check and self.kind == "train" and self.require_dp and cost is None:
+            raise ResultRejected(
+                "the job requires differential privacy: pass privacy="
+                "(sampling_rate, noise_multiplier, steps) to submit")
         safetensors.write(self._proto.result_path, tensors, self.dtypes)
         request = pb.SubmitResultRequest(
             session_id=self._site._session, task_id=self.task_id,
@@ -113,6 +145,8 @@ class Task:
             metrics={k: float(v) for k, v in (metrics or {}).items()},
             payload_kind=(swarm_pb2.PAYLOAD_KIND_WEIGHT_DIFF if diff else
                           swarm_pb2.PAYLOAD_KIND_FULL_WEIGHTS))
+        if cost is not None:
+            request.privacy.CopyFrom(cost)
         self.done = True
         self._site._call("submit", self._site._stub.SubmitResult, request)
 

@@ -98,3 +98,69 @@ class TaskCheckTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PrivacyTest(unittest.TestCase):
+    def test_privacy_cost_forms(self):
+        from swarm.link import _privacy_cost
+        self.assertIsNone(_privacy_cost(None))
+        cost = _privacy_cost((0.01, 1.1, 100))
+        self.assertAlmostEqual(cost.sampling_rate, 0.01)
+        self.assertEqual(cost.steps, 100)
+        cost = _privacy_cost({"sampling_rate": 0.5, "noise_multiplier": 2,
+                              "steps": 3})
+        self.assertEqual(cost.noise_multiplier, 2)
+        with self.assertRaises(swarm.ResultRejected):
+            _privacy_cost((0.0, 1.0, 1))
+
+    def test_dp_sgd_step_is_the_clipped_mean_gradient(self):
+        try:
+            import torch
+            from swarm.dp import dp_sgd
+        except ImportError as e:  # torch is optional for the SDK
+            self.skipTest(f"torch not installed: {e}")
+        torch.manual_seed(0)
+        x = torch.randn(12, 3)
+        y = torch.randint(0, 2, (12,))
+        model = torch.nn.Linear(3, 2)
+        ref = torch.nn.Linear(3, 2)
+        ref.load_state_dict(model.state_dict())
+        clip = 0.1
+        # Per-example gradients one by one, clipped, averaged.
+        total = [torch.zeros_like(p) for p in ref.parameters()]
+        for i in range(12):
+            ref.zero_grad()
+            torch.nn.functional.cross_entropy(ref(x[i:i + 1]),
+                                              y[i:i + 1]).backward()
+            grads = [p.grad.clone() for p in ref.parameters()]
+            norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+            scale = min(1.0, clip / float(norm))
+            for t, g in zip(total, grads):
+                t += g * scale / 12
+        expected = [p.detach() - 0.5 * t
+                    for p, t in zip(ref.parameters(), total)]
+        cost = dp_sgd(model, torch.nn.functional.cross_entropy, x, y,
+                      sampling_rate=1.0, noise_multiplier=1e-9 / clip,
+                      clip_norm=clip, lr=0.5, steps=1)
+        self.assertEqual(tuple(cost), (1.0, 1e-9 / clip, 1))
+        for p, e in zip(model.parameters(), expected):
+            torch.testing.assert_close(p.detach(), e, atol=1e-6, rtol=1e-5)
+
+    def test_epsilon_matches_the_daemons_accountant(self):
+        try:
+            from swarm.dp import epsilon, noise_multiplier_for_epsilon
+        except ImportError as e:
+            self.skipTest(f"torch not installed: {e}")
+        # privacy/rdp_test.cc's figures (all orders, the daemon's grid): the
+        # integer orders alone never give less, and about the same at small
+        # epsilon (at large epsilon the best order is fractional, below 2).
+        for q, sigma, steps, daemon, slack in [
+                (0.01, 4.0, 10000, 1.0355, 1.03),
+                (256 / 60000, 1.1, 14063, 2.5967, 1.03),
+                (0.05, 0.8, 500, 13.3353, 1.15)]:
+            eps = epsilon(q, sigma, steps, 1e-5)
+            self.assertGreaterEqual(eps, daemon * 0.999)
+            self.assertLess(eps, daemon * slack)
+        sigma = noise_multiplier_for_epsilon(0.01, 5000, 3.0)
+        self.assertLessEqual(epsilon(0.01, sigma, 5000, 1e-5), 3.0)
+        self.assertGreater(epsilon(0.01, sigma, 5000, 1e-5), 2.97)

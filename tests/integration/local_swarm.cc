@@ -171,6 +171,42 @@ absl::Status LocalSwarm::StartExternalSite(
   return StartSiteWithConfig(name, std::move(config));
 }
 
+absl::Status LocalSwarm::StartSiteWithSiteConfig(const std::string& name,
+                                                 v1::SiteConfig config) {
+  return StartSiteWithConfig(name, std::move(config));
+}
+
+absl::Status LocalSwarm::RestartSite(const std::string& name, bool kill) {
+  auto it = sites_.find(name);
+  if (it == sites_.end()) {
+    return absl::NotFoundError(absl::StrCat("no site ", name));
+  }
+  v1::SiteConfig config;
+  const std::string json = ReadFileOrEmpty(it->second.config_path);
+  if (!google::protobuf::util::JsonStringToMessage(json, &config).ok()) {
+    return absl::InternalError(
+        absl::StrCat("cannot read back ", it->second.config_path));
+  }
+  config.set_listen_address(it->second.address);
+  Process& process = *it->second.process;
+  if (kill) {
+    process.Kill();
+  } else {
+    absl::Status signalled = process.Signal(SIGTERM);
+    if (!signalled.ok()) return signalled;
+    absl::StatusOr<ExitInfo> exit =
+        process.Wait(absl::Now() + absl::Seconds(30) * TimeScale());
+    if (!exit.ok()) return exit.status();
+    if (!exit->exited || exit->exit_code != 0) {
+      return absl::InternalError(
+          absl::StrCat("site ", name, " stopped badly: ", exit->ToString()));
+    }
+  }
+  sites_.erase(it);
+  names_.erase(std::find(names_.begin(), names_.end(), name));
+  return StartSiteWithConfig(name, std::move(config));
+}
+
 std::string LocalSwarm::Workspace(const std::string& name) const {
   return absl::StrCat(dir_, "/ws-", name);
 }
@@ -186,7 +222,9 @@ absl::Status LocalSwarm::StartSiteWithConfig(
   site.workspace = Workspace(name);
   site.log_path = absl::StrCat(dir_, "/", name, ".log");
   config.set_name(name);
-  config.set_listen_address("127.0.0.1:0");
+  if (config.listen_address().empty()) {
+    config.set_listen_address("127.0.0.1:0");
+  }
   config.set_workspace(site.workspace);
   std::vector<std::string> argv = {SwarmClientPath(), "--config"};
   if (transport_ == Transport::kMutualTls) {

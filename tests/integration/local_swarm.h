@@ -86,6 +86,14 @@ class LocalSwarm {
   absl::Status StartExternalSite(
       const std::string& name, const v1::TrainerConfig& trainer,
       const std::map<std::string, std::string>& learner_params);
+  // A site with the test's own site config (e.g. its privacy policy or
+  // another learner); name, workspace and tls_dir are set here, and the
+  // listen address unless the config has one.
+  absl::Status StartSiteWithSiteConfig(const std::string& name,
+                                       v1::SiteConfig config);
+  // Stops `name` (SIGKILL when `kill`, else SIGTERM and a clean exit) and
+  // starts it again with its config and workspace on the same address.
+  absl::Status RestartSite(const std::string& name, bool kill);
   // <dir>/ws-<name>: the workspace a site gets.
   std::string Workspace(const std::string& name) const;
   SiteProcess& site(const std::string& name);
