@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/robust_requirements.h"
 #include "common/status_macros.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_internal.h"
@@ -290,7 +291,7 @@ absl::StatusOr<Model> RobustAggregator::Finish() {
   const int f = options.tolerated_attackers;
   std::string label = MethodLabel(options.method);
   std::string note;
-  const int needed = RequiredInputs(options.method, f);
+  const int needed = RobustRequiredInputs(options.method, f);
   std::vector<uint32_t> all(n_);
   for (uint32_t k = 0; k < n_; ++k) all[k] = k;
   if (static_cast<int>(n_) < needed) {

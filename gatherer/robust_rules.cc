@@ -7,32 +7,6 @@
 namespace swarm {
 namespace agg_internal {
 
-int RequiredInputs(v1::AggregationMethod method, int f) {
-  switch (method) {
-    case v1::AGGREGATION_MULTI_KRUM:
-      return 2 * f + 3;
-    case v1::AGGREGATION_BULYAN:
-      return 4 * f + 3;
-    case v1::AGGREGATION_FEDAVG:
-      return 1;
-    default:
-      return 2 * f + 1;
-  }
-}
-
-const char* RequirementText(v1::AggregationMethod method) {
-  switch (method) {
-    case v1::AGGREGATION_MULTI_KRUM:
-      return "n >= 2f + 3";
-    case v1::AGGREGATION_BULYAN:
-      return "n >= 4f + 3";
-    case v1::AGGREGATION_FEDAVG:
-      return "n >= 1";
-    default:
-      return "n >= 2f + 1";
-  }
-}
-
 std::vector<double> KrumScores(const DistanceMatrix& d, uint32_t n,
                                const std::vector<uint32_t>& candidates, int f) {
   const int size = static_cast<int>(candidates.size());

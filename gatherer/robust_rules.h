@@ -14,13 +14,6 @@
 namespace swarm {
 namespace agg_internal {
 
-// The fewest inputs `method` needs to tolerate f attackers: Multi-Krum
-// 2f + 3, Bulyan 4f + 3, centered clipping, geometric median, median and
-// trimmed mean 2f + 1, FedAvg 1 (it tolerates none).
-int RequiredInputs(v1::AggregationMethod method, int f);
-// "n >= 4f + 3" and the like, for messages.
-const char* RequirementText(v1::AggregationMethod method);
-
 // n x n squared distances, row-major (d[i * n + j]), symmetric, zero
 // diagonal.
 using DistanceMatrix = std::vector<double>;

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "common/robust_requirements.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,14 +27,14 @@ DistanceMatrix LineDistances(const std::vector<double>& points) {
 }
 
 TEST(RobustRulesTest, RequirementsOnNAndF) {
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_MULTI_KRUM, 2), 7);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_BULYAN, 1), 7);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_BULYAN, 2), 11);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_CENTERED_CLIPPING, 2), 5);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_GEOMETRIC_MEDIAN, 3), 7);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_MEDIAN, 2), 5);
-  EXPECT_EQ(RequiredInputs(v1::AGGREGATION_FEDAVG, 2), 1);
-  EXPECT_STREQ(RequirementText(v1::AGGREGATION_BULYAN), "n >= 4f + 3");
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_MULTI_KRUM, 2), 7);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_BULYAN, 1), 7);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_BULYAN, 2), 11);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_CENTERED_CLIPPING, 2), 5);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_GEOMETRIC_MEDIAN, 3), 7);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_MEDIAN, 2), 5);
+  EXPECT_EQ(RobustRequiredInputs(v1::AGGREGATION_FEDAVG, 2), 1);
+  EXPECT_STREQ(RobustRequirementText(v1::AGGREGATION_BULYAN), "n >= 4f + 3");
 }
 
 // Points 0, 1, 2, 10, 11 with f = 1: each scores its n - f - 2 = 2 nearest
