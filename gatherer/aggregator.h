@@ -130,7 +130,8 @@ struct AggregatorOptions {
   double trim_fraction = 0.1;
   // Accept NaN / Inf values in results. FedAvg then propagates them (a
   // coordinate with a non-finite input comes out NaN or Inf); median and
-  // trimmed mean sort NaN above +Inf.
+  // trimmed mean sort NaN above +Inf; the robust vector rules count a
+  // result at a NaN distance as infinitely far (no weight, not selected).
   bool allow_non_finite = false;
   // Directory for results kept on disk (created if missing). Required for
   // median and trimmed mean. For FedAvg it is optional: when set,

@@ -161,7 +161,11 @@ absl::StatusOr<DistanceMatrix> RobustAggregator::PairwiseDistances() {
     for (size_t i = 0; i < d.size(); ++i) d[i] += part[i];
   }
   for (uint64_t i = 0; i < n_; ++i) {
-    for (uint64_t j = i + 1; j < n_; ++j) d[j * n_ + i] = d[i * n_ + j];
+    for (uint64_t j = i + 1; j < n_; ++j) {
+      // NaN (allow_non_finite) counts as infinitely far.
+      if (!(d[i * n_ + j] >= 0)) d[i * n_ + j] = HUGE_VAL;
+      d[j * n_ + i] = d[i * n_ + j];
+    }
   }
   return d;
 }
@@ -208,7 +212,11 @@ absl::Status RobustAggregator::Step(const StepWeights& step,
     for (const std::vector<double>& part : parts) {
       for (uint64_t k = 0; k < n_; ++k) (*distances)[k] += part[k];
     }
-    for (double& distance : *distances) distance = std::sqrt(distance);
+    // NaN (allow_non_finite) counts as infinitely far: such a result gets
+    // no weight in the next step.
+    for (double& distance : *distances) {
+      distance = distance >= 0 ? std::sqrt(distance) : HUGE_VAL;
+    }
   }
   return absl::OkStatus();
 }
