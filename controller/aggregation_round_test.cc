@@ -364,13 +364,13 @@ TEST_F(AggregationRoundTest, SampleCountCapClipsAndCounts) {
       AggregationRound::Open(*job_, "agg", task, FilledModel(1.0f), "", kOpen);
   ASSERT_TRUE(round.ok()) << round.status();
   round_ = std::move(*round);
-  EXPECT_EQ(Submit(Result("t1", 10, 0.5), FilledModel(2.0f), kOpen)
-                .reply.outcome(),
-            v1::OUTCOME_OK);
+  EXPECT_EQ(
+      Submit(Result("t1", 10, 0.5), FilledModel(2.0f), kOpen).reply.outcome(),
+      v1::OUTCOME_OK);
   // Claims 50 times the honest count: weighs as 10.
-  EXPECT_EQ(Submit(Result("t2", 500, 0.9), FilledModel(6.0f), kOpen)
-                .reply.outcome(),
-            v1::OUTCOME_OK);
+  EXPECT_EQ(
+      Submit(Result("t2", 500, 0.9), FilledModel(6.0f), kOpen).reply.outcome(),
+      v1::OUTCOME_OK);
   ASSERT_TRUE(round_->closed());
   const AggregationRound::Verdict verdict = round_->Judge();
   ASSERT_TRUE(verdict.input_score.has_value());
