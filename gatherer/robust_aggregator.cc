@@ -14,8 +14,8 @@
 //    the base, the previous global model) and n distances; pass 0 measures
 //    the distances to the base, each of the `clipping_iterations` passes
 //    moves the center one step and measures the distances to the new one;
-//  - geometric median: the same, starting from the mean, with Weiszfeld
-//    steps.
+//  - geometric median: the same, starting from the coordinate-wise median
+//    (one more pass), with Weiszfeld steps.
 // Too few inputs for f attackers (a round closed with missing trainers):
 // the coordinate-wise median of what there is, said in the metadata.
 #include <algorithm>
@@ -267,10 +267,16 @@ absl::Status RobustAggregator::CenteredClipping(std::string* note) {
 }
 
 absl::Status RobustAggregator::GeometricMedian(std::string* note) {
-  StepWeights mean;
-  mean.w.assign(n_, 1.0 / static_cast<double>(n_));
+  // Weiszfeld starts from the coordinate-wise median (robust already, and
+  // finite where a minority of results is not), then measures distances.
+  std::vector<uint32_t> all(n_);
+  for (uint32_t k = 0; k < n_; ++k) all[k] = k;
+  SWARM_RETURN_IF_ERROR(CoordinatePass(all, 0));
+  StepWeights stay;
+  stay.a = 1;
+  stay.w.assign(n_, 0.0);
   std::vector<double> distances;
-  SWARM_RETURN_IF_ERROR(Step(mean, &distances));
+  SWARM_RETURN_IF_ERROR(Step(stay, &distances));
   const int iterations = shared_->options.geometric_median_iterations;
   for (int l = 0; l < iterations; ++l) {
     SWARM_RETURN_IF_ERROR(Step(WeiszfeldStep(distances),

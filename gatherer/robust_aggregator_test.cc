@@ -1,6 +1,7 @@
 // Multi-Krum, Bulyan, centered clipping, geometric median and bucketing over
 // models (small cases computed by hand), their fallback with too few
 // results, and the sample-count cap and equal weights of FedAvg.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -196,6 +197,23 @@ TEST_F(RobustAggregatorTest, BucketingFeedsBucketMeans) {
   absl::StatusOr<Model> out = Run(options, {{0}, {1}, {2}, {10}, {12}}, {0});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_NEAR(Get(*out, 0, 0), 5, 1e-6);
+}
+
+// With allow_non_finite, a result at a NaN distance counts as infinitely
+// far: Multi-Krum does not select it, the geometric median gives it no
+// weight.
+TEST_F(RobustAggregatorTest, NanResultsAreFarAway) {
+  const double nan = std::nan("");
+  for (v1::AggregationMethod method :
+       {v1::AGGREGATION_MULTI_KRUM, v1::AGGREGATION_GEOMETRIC_MEDIAN}) {
+    AggregatorOptions options = Options(method, 1);
+    options.allow_non_finite = true;
+    absl::StatusOr<Model> out =
+        Run(options, {{1, 1}, {1, 1}, {1, 1}, {1, 1}, {nan, 0}}, {0, 0});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_NEAR(Get(*out, 0, 0), 1, 1e-6) << method;
+    EXPECT_NEAR(Get(*out, 0, 1), 1, 1e-6) << method;
+  }
 }
 
 TEST_F(RobustAggregatorTest, BadOptionsAreNamed) {

@@ -72,7 +72,9 @@ std::vector<uint32_t> BulyanSelect(const DistanceMatrix& d, uint32_t n, int f) {
 }
 
 double MedianOf(std::vector<double>& values) {
-  std::sort(values.begin(), values.end());
+  // NaN (allow_non_finite) sorts last, as in the coordinate median.
+  std::sort(values.begin(), values.end(),
+            [](double a, double b) { return a < b || (b != b && a == a); });
   const size_t n = values.size();
   if (n % 2 == 1) return values[n / 2];
   return 0.5 * values[n / 2 - 1] + 0.5 * values[n / 2];
@@ -120,9 +122,10 @@ StepWeights CenteredClippingStep(const std::vector<double>& distances,
 
 StepWeights WeiszfeldStep(const std::vector<double>& distances) {
   StepWeights step;
-  const double largest =
-      distances.empty() ? 0
-                        : *std::max_element(distances.begin(), distances.end());
+  double largest = 0;  // Finite: an infinite distance gets no weight.
+  for (double distance : distances) {
+    if (std::isfinite(distance)) largest = std::max(largest, distance);
+  }
   const double nu = std::max(1e-12, 1e-6 * largest);
   double total = 0;
   for (double distance : distances) {

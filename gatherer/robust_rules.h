@@ -39,7 +39,7 @@ std::vector<uint32_t> BulyanSelect(const DistanceMatrix& d, uint32_t n, int f);
 // beta >= 1).
 double MeanClosestToMedian(std::vector<double>& values, uint32_t beta);
 // The median of `values` (mean of the two middle ones for an even count).
-// Sorts `values`.
+// Sorts `values`, NaN last.
 double MedianOf(std::vector<double>& values);
 
 // One step of an iteration z <- a * z + sum_k w[k] * x_k.
@@ -55,7 +55,8 @@ struct StepWeights {
 StepWeights CenteredClippingStep(const std::vector<double>& distances,
                                  double radius);
 // Smoothed Weiszfeld: sum_k x_k / max(nu, d_k) over sum_k 1 / max(nu, d_k),
-// nu = 1e-6 times the largest distance (at least 1e-12).
+// nu = 1e-6 times the largest finite distance (at least 1e-12); an infinite
+// distance (a result with NaN values) gets no weight.
 StepWeights WeiszfeldStep(const std::vector<double>& distances);
 
 }  // namespace agg_internal

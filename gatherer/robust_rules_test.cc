@@ -1,6 +1,7 @@
 // The robust methods' decisions on small cases computed by hand.
 #include "gatherer/robust_rules.h"
 
+#include <cmath>
 #include <vector>
 
 #include "common/robust_requirements.h"
@@ -112,6 +113,9 @@ TEST(RobustRulesTest, WeiszfeldStepByHand) {
   // A point on the estimate does not divide by zero.
   const StepWeights at = WeiszfeldStep({0, 1});
   EXPECT_GT(at.w[0], 0.99);
+  // An infinitely far result (NaN values) gets none.
+  const StepWeights far = WeiszfeldStep({1, HUGE_VAL, 1});
+  EXPECT_THAT(far.w, ElementsAre(0.5, 0, 0.5));
 }
 
 }  // namespace
