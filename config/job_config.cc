@@ -1,5 +1,6 @@
 #include "config/job_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/robust_requirements.h"
 #include "config/validation.h"
 
 namespace swarm {
@@ -249,6 +251,96 @@ void CheckRoundsAndDurations(const v1::JobConfig& c,
   }
 }
 
+// Integrity (design section 11): f and what each method needs of the
+// number of its inputs (checked on the fewest results a round may close
+// with, in buckets when bucketing).
+void CheckRobustness(const v1::JobConfig& c, std::vector<std::string>* errors) {
+  const v1::AggregationMethod method = c.aggregation_method();
+  const std::string name = v1::AggregationMethod_Name(method);
+  const int f = static_cast<int>(c.tolerated_attackers());
+  const bool fedavg = method == v1::AGGREGATION_FEDAVG;
+  // The fewest results a round may close with, and the inputs they make.
+  const int results = static_cast<int>(std::min<uint32_t>(
+      c.min_responses_required(), static_cast<uint32_t>(c.trainers_size())));
+  const int bucket =
+      c.bucket_size() > 1 ? static_cast<int>(c.bucket_size()) : 1;
+  const int inputs = (results + bucket - 1) / bucket;
+  const std::string counted =
+      bucket > 1 ? absl::StrFormat("%d buckets of %d of the %d results", inputs,
+                                   bucket, results)
+                 : absl::StrFormat("%d results", results);
+  if (fedavg && f > 0) {
+    errors->push_back(absl::StrFormat(
+        "tolerated_attackers: %d with AGGREGATION_FEDAVG, which tolerates none "
+        "(choose a robust aggregation_method)",
+        f));
+  } else if (!fedavg && inputs < RobustRequiredInputs(method, f)) {
+    errors->push_back(absl::StrFormat(
+        "tolerated_attackers: %s tolerating f = %d needs %s = %d inputs, but a "
+        "round may close with %s (trainers, min_responses_required)",
+        name, f, RobustRequirementText(method), RobustRequiredInputs(method, f),
+        counted));
+  }
+  if (method == v1::AGGREGATION_TRIMMED_MEAN && f > 0) {
+    const int trimmed =
+        static_cast<int>(std::floor(c.trim_fraction() * inputs + 1e-9));
+    if (trimmed < f) {
+      errors->push_back(absl::StrFormat(
+          "trim_fraction: %g trims %d of %d inputs at each end, fewer than "
+          "tolerated_attackers (%d): AGGREGATION_TRIMMED_MEAN needs "
+          "floor(trim_fraction * n) >= f",
+          c.trim_fraction(), trimmed, inputs, f));
+    }
+  }
+  if (c.krum_selected() > 0) {
+    if (method != v1::AGGREGATION_MULTI_KRUM) {
+      errors->push_back(absl::StrFormat(
+          "krum_selected: only with AGGREGATION_MULTI_KRUM (not %s)", name));
+    } else if (static_cast<int>(c.krum_selected()) > inputs - f) {
+      errors->push_back(absl::StrFormat(
+          "krum_selected: %d is more than n - f = %d (AGGREGATION_MULTI_KRUM "
+          "with %s, f = %d)",
+          c.krum_selected(), inputs - f, counted, f));
+    }
+  }
+}
+
+// The robust methods' own parameters, and the weights' options.
+void CheckRobustParameters(const v1::JobConfig& c,
+                           std::vector<std::string>* errors) {
+  const bool fedavg = c.aggregation_method() == v1::AGGREGATION_FEDAVG;
+  if (!(c.clipping_radius() >= 0) || !std::isfinite(c.clipping_radius())) {
+    errors->push_back(
+        absl::StrFormat("clipping_radius: %g is not a finite number >= 0",
+                        c.clipping_radius()));
+  }
+  if (c.clipping_iterations() > 100) {
+    errors->push_back(absl::StrFormat(
+        "clipping_iterations: %d is not in [1, 100]", c.clipping_iterations()));
+  }
+  if (c.geometric_median_iterations() > 1000) {
+    errors->push_back(
+        absl::StrFormat("geometric_median_iterations: %d is not in [1, 1000]",
+                        c.geometric_median_iterations()));
+  }
+  if (fedavg && c.bucket_size() > 1) {
+    errors->push_back(
+        "bucket_size: bucketing is for the robust aggregation methods (FedAvg "
+        "of bucket means is FedAvg)");
+  }
+  if (c.reduce_results_in_chain() &&
+      (c.max_claimed_samples() > 0 || c.equal_weights())) {
+    errors->push_back(
+        "reduce_results_in_chain: not with max_claimed_samples or "
+        "equal_weights (a partial sum's weights are applied by its trainers, "
+        "so the aggregator cannot cap them)");
+  }
+  if (!v1::ScoreStatistic_IsValid(c.best_score())) {
+    errors->push_back(
+        absl::StrFormat("best_score: unknown value %d", c.best_score()));
+  }
+}
+
 void CheckAggregationAndTransfer(const v1::JobConfig& c,
                                  std::vector<std::string>* errors) {
   // Aggregation and metric.
@@ -314,6 +406,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config) {
   CheckRoles(c, config, &errors);
   CheckRoundsAndDurations(c, &errors);
   CheckAggregationAndTransfer(c, &errors);
+  CheckRobustness(c, &errors);
+  CheckRobustParameters(c, &errors);
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("invalid job config: ", absl::StrJoin(errors, "; ")));

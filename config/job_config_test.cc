@@ -695,3 +695,127 @@ TEST(JobConfigHelpersTest, Millis) {
 
 }  // namespace
 }  // namespace swarm
+
+namespace swarm {
+namespace {
+
+// Eight sites (the attack bench's shape).
+v1::JobConfig EightSites() {
+  v1::JobConfig config;
+  config.set_job_id("job-8");
+  for (int i = 0; i < 8; ++i) {
+    v1::SiteInfo* site = config.add_sites();
+    site->set_name(absl::StrCat("s", i));
+    site->set_address(absl::StrCat("127.0.0.1:", 7100 + i));
+  }
+  config.set_num_rounds(3);
+  return config;
+}
+
+TEST(ValidateJobConfigTest, RobustMethodsCheckNAndF) {
+  v1::JobConfig config = EightSites();
+  config.set_tolerated_attackers(2);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("tolerated_attackers: 2 with AGGREGATION_FEDAVG, which "
+                        "tolerates none"));
+  // Multi-Krum: 8 >= 2 * 2 + 3.
+  config.set_aggregation_method(v1::AGGREGATION_MULTI_KRUM);
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  // Bulyan: 8 < 4 * 2 + 3.
+  config.set_aggregation_method(v1::AGGREGATION_BULYAN);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("tolerated_attackers: AGGREGATION_BULYAN tolerating "
+                        "f = 2 needs n >= 4f + 3 = 11 inputs, but a round may "
+                        "close with 8 results"));
+  config.set_tolerated_attackers(1);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  // A round may close with min_responses_required results.
+  config.set_aggregation_method(v1::AGGREGATION_MULTI_KRUM);
+  config.set_tolerated_attackers(2);
+  config.set_min_responses_required(6);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("AGGREGATION_MULTI_KRUM tolerating f = 2 needs n >= "
+                        "2f + 3 = 7 inputs, but a round may close with 6 "
+                        "results"));
+  config.set_min_responses_required(0);
+  // Centered clipping and geometric median: a majority.
+  for (v1::AggregationMethod method :
+       {v1::AGGREGATION_CENTERED_CLIPPING, v1::AGGREGATION_GEOMETRIC_MEDIAN,
+        v1::AGGREGATION_MEDIAN}) {
+    config.set_aggregation_method(method);
+    config.set_tolerated_attackers(3);
+    EXPECT_TRUE(ValidateJobConfig(config).ok()) << method;
+    config.set_tolerated_attackers(4);
+    EXPECT_THAT(ErrorOf(config), HasSubstr("needs n >= 2f + 1 = 9 inputs"));
+  }
+}
+
+TEST(ValidateJobConfigTest, BucketsCountAsInputs) {
+  v1::JobConfig config = EightSites();
+  config.set_aggregation_method(v1::AGGREGATION_CENTERED_CLIPPING);
+  config.set_tolerated_attackers(2);
+  config.set_bucket_size(2);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("needs n >= 2f + 1 = 5 inputs, but a round may close "
+                        "with 4 buckets of 2 of the 8 results"));
+  config.set_tolerated_attackers(1);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_aggregation_method(v1::AGGREGATION_FEDAVG);
+  config.set_tolerated_attackers(0);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("bucket_size: bucketing is for the robust"));
+}
+
+TEST(ValidateJobConfigTest, TrimmedMeanMustTrimF) {
+  v1::JobConfig config = EightSites();
+  config.set_aggregation_method(v1::AGGREGATION_TRIMMED_MEAN);
+  config.set_tolerated_attackers(2);
+  // The default 0.1 trims nothing at 8.
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("trim_fraction: 0.1 trims 0 of 8 inputs at each end, "
+                        "fewer than tolerated_attackers (2)"));
+  config.set_trim_fraction(0.25);
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+}
+
+TEST(ValidateJobConfigTest, RobustParameters) {
+  v1::JobConfig config = EightSites();
+  config.set_krum_selected(3);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("krum_selected: only with "
+                                         "AGGREGATION_MULTI_KRUM (not "
+                                         "AGGREGATION_FEDAVG)"));
+  config.set_aggregation_method(v1::AGGREGATION_MULTI_KRUM);
+  config.set_tolerated_attackers(2);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_krum_selected(7);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("krum_selected: 7 is more than n - "
+                                         "f = 6"));
+  config = EightSites();
+  config.set_clipping_radius(-1);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("clipping_radius: -1 is not"));
+  config.set_clipping_radius(std::nan(""));
+  EXPECT_THAT(ErrorOf(config), HasSubstr("clipping_radius: nan is not"));
+  config = EightSites();
+  config.set_clipping_iterations(101);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("clipping_iterations: 101"));
+  config = EightSites();
+  config.set_geometric_median_iterations(1001);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("geometric_median_iterations: 1001"));
+  config = EightSites();
+  config.set_best_score(static_cast<v1::ScoreStatistic>(9));
+  EXPECT_THAT(ErrorOf(config), HasSubstr("best_score: unknown value 9"));
+}
+
+TEST(ValidateJobConfigTest, CapAndEqualWeightsNotInChains) {
+  v1::JobConfig config = EightSites();
+  config.set_max_claimed_samples(1000);
+  config.set_equal_weights(true);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_reduce_results_in_chain(true);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("reduce_results_in_chain: not with "
+                        "max_claimed_samples or equal_weights"));
+}
+
+}  // namespace
+}  // namespace swarm

@@ -21,6 +21,7 @@ void RoundCounters::Add(const RoundCounters& other) {
   late += other.late;
   failed += other.failed;
   expired += other.expired;
+  claims_clipped += other.claims_clipped;
 }
 
 void RoundCounters::CopyTo(v1::SiteCounters* counters) const {
@@ -33,6 +34,7 @@ void RoundCounters::CopyTo(v1::SiteCounters* counters) const {
   counters->set_results_late(late);
   counters->set_results_failed(failed);
   counters->set_permissions_expired(expired);
+  counters->set_sample_claims_clipped(claims_clipped);
 }
 
 absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
@@ -52,6 +54,7 @@ absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
   options.self = self;
   options.metric_name = config.metric_name();
   options.open_time = now;
+  SetScoreOptions(config, &options);
   // Results go to disk when the job asks for it, and always for the methods
   // that need every result at the end (median, trimmed mean).
   const bool offload = config.disk_offload() ||
@@ -61,6 +64,8 @@ absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
   // The job's folder holds the offload folder from configure on
   // (persist::Workspace): no I/O here.
   aggregator_options.make_offload_dir = false;
+  aggregator_options.bucket_seed =
+      config.seed() ^ (uint64_t{learn_task.round()} * 0x9e3779b97f4a7c15ull);
   absl::StatusOr<std::unique_ptr<Aggregator>> aggregator =
       Aggregator::Create(std::move(aggregator_options), base);
   if (!aggregator.ok()) return aggregator.status();
@@ -89,6 +94,8 @@ RoundCounters AggregationRound::counters() const {
   counters.late = gathered.late_accepted;
   counters.failed = gathered.failed;
   counters.expired = gathered.expired;
+  counters.claims_clipped =
+      static_cast<uint64_t>(aggregator_->sample_claims_clipped());
   return counters;
 }
 

@@ -53,6 +53,8 @@ struct RoundCounters {
   uint64_t late = 0;     // Of `accepted`, earlier rounds' results.
   uint64_t failed = 0;   // Uploads that failed or broke.
   uint64_t expired = 0;  // Permissions whose lease ran out.
+  // Sample counts cut to the job's max_claimed_samples.
+  uint64_t claims_clipped = 0;
 
   // Adds `other` (max_in_flight as a maximum).
   void Add(const RoundCounters& other);

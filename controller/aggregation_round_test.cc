@@ -350,5 +350,39 @@ TEST(RoundCountersTest, SumsAndKeepsTheMaximum) {
   EXPECT_EQ(counters.submissions_granted(), 5u);
 }
 
+// The job's sample-count cap applies to FedAvg's weights and to the score,
+// and a clipped claim is counted, not refused.
+TEST_F(AggregationRoundTest, SampleCountCapClipsAndCounts) {
+  v1::JobConfig config = MakeJob(1).config();
+  config.set_max_claimed_samples(10);
+  job_ = std::make_unique<JobView>(config);
+  v1::ModelHeader task;
+  task.set_round(kRound);
+  task.add_expected_trainers("t1");
+  task.add_expected_trainers("t2");
+  absl::StatusOr<std::unique_ptr<AggregationRound>> round =
+      AggregationRound::Open(*job_, "agg", task, FilledModel(1.0f), "", kOpen);
+  ASSERT_TRUE(round.ok()) << round.status();
+  round_ = std::move(*round);
+  EXPECT_EQ(
+      Submit(Result("t1", 10, 0.5), FilledModel(2.0f), kOpen).reply.outcome(),
+      v1::OUTCOME_OK);
+  // Claims 50 times the honest count: weighs as 10.
+  EXPECT_EQ(
+      Submit(Result("t2", 500, 0.9), FilledModel(6.0f), kOpen).reply.outcome(),
+      v1::OUTCOME_OK);
+  ASSERT_TRUE(round_->closed());
+  const AggregationRound::Verdict verdict = round_->Judge();
+  ASSERT_TRUE(verdict.input_score.has_value());
+  EXPECT_DOUBLE_EQ(*verdict.input_score, 0.7);
+  absl::StatusOr<std::shared_ptr<const Model>> next = round_->Aggregate();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FLOAT_EQ(First(**next), 4.0f);
+  EXPECT_EQ(round_->counters().claims_clipped, 1u);
+  v1::SiteCounters counters;
+  round_->counters().CopyTo(&counters);
+  EXPECT_EQ(counters.sample_claims_clipped(), 1u);
+}
+
 }  // namespace
 }  // namespace swarm

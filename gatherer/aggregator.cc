@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -414,8 +415,66 @@ AggregatorOptions AggregatorOptions::FromJobConfig(const v1::JobConfig& config,
       config.trim_fraction() == 0 ? 0.1 : config.trim_fraction();
   options.allow_non_finite = config.allow_non_finite();
   options.offload_dir = std::move(offload_dir);
+  options.tolerated_attackers = static_cast<int>(config.tolerated_attackers());
+  options.krum_selected = static_cast<int>(config.krum_selected());
+  options.clipping_radius = config.clipping_radius();
+  if (config.clipping_iterations() > 0) {
+    options.clipping_iterations =
+        static_cast<int>(config.clipping_iterations());
+  }
+  if (config.geometric_median_iterations() > 0) {
+    options.geometric_median_iterations =
+        static_cast<int>(config.geometric_median_iterations());
+  }
+  options.bucket_size = static_cast<int>(config.bucket_size());
+  options.bucket_seed = config.seed();
+  options.max_claimed_samples = config.max_claimed_samples();
+  options.equal_weights = config.equal_weights();
   return options;
 }
+
+namespace {
+
+// The robust methods' own options (Create's checks).
+absl::Status CheckRobustOptions(const AggregatorOptions& options) {
+  const auto bad = [](absl::string_view field, double value,
+                      absl::string_view rule) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", value, " ", rule));
+  };
+  if (options.tolerated_attackers < 0) {
+    return bad("tolerated_attackers", options.tolerated_attackers,
+               "is negative");
+  }
+  if (options.krum_selected < 0) {
+    return bad("krum_selected", options.krum_selected, "is negative");
+  }
+  if (!(options.clipping_radius >= 0) ||
+      !std::isfinite(options.clipping_radius)) {
+    return bad("clipping_radius", options.clipping_radius,
+               "is not a finite number >= 0");
+  }
+  if (options.clipping_iterations < 1 || options.clipping_iterations > 100) {
+    return bad("clipping_iterations", options.clipping_iterations,
+               "is not in [1, 100]");
+  }
+  if (options.geometric_median_iterations < 1 ||
+      options.geometric_median_iterations > 1000) {
+    return bad("geometric_median_iterations",
+               options.geometric_median_iterations, "is not in [1, 1000]");
+  }
+  if (options.bucket_size < 0) {
+    return bad("bucket_size", options.bucket_size, "is negative");
+  }
+  if (options.bucket_size > 1 && options.method == v1::AGGREGATION_FEDAVG) {
+    return absl::InvalidArgumentError(
+        "bucket_size: bucketing is for the robust methods (FedAvg of bucket "
+        "means is FedAvg)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Create(
     AggregatorOptions options, std::shared_ptr<const Model> base) {
@@ -430,7 +489,8 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Create(
   }
   const bool coordinate = options.method == v1::AGGREGATION_MEDIAN ||
                           options.method == v1::AGGREGATION_TRIMMED_MEAN;
-  if (!coordinate && options.method != v1::AGGREGATION_FEDAVG) {
+  const bool robust = agg_internal::IsRobustVectorMethod(options.method);
+  if (!coordinate && !robust && options.method != v1::AGGREGATION_FEDAVG) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown aggregation method ", static_cast<int>(options.method)));
   }
@@ -439,7 +499,8 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "trim_fraction ", options.trim_fraction, " is outside [0, 0.5)"));
   }
-  if (coordinate && options.offload_dir.empty()) {
+  SWARM_RETURN_IF_ERROR(CheckRobustOptions(options));
+  if ((coordinate || robust) && options.offload_dir.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(v1::AggregationMethod_Name(options.method),
                      " keeps results on disk and needs an offload_dir"));
@@ -469,8 +530,10 @@ absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Create(
   shared->sink_to_disk = !options.offload_dir.empty();
   shared->instance_token = agg_internal::NewInstanceToken();
   shared->options = std::move(options);
-  if (coordinate)
+  if (coordinate) {
     return agg_internal::NewCoordinateAggregator(std::move(shared));
+  }
+  if (robust) return agg_internal::NewRobustAggregator(std::move(shared));
   return agg_internal::NewFedAvgAggregator(std::move(shared));
 }
 

@@ -30,6 +30,23 @@
 //    outliers, and weighting by a self-reported sample count would let that
 //    trainer buy back the influence the method takes away. Sample counts are
 //    still checked and summed.
+//  - Multi-Krum, Bulyan, centered clipping and geometric median
+//    (robust_aggregator.cc): like median, every result is kept in a file
+//    under the offload directory, and Finish makes passes over the files in
+//    blocks of coordinates. Memory: the output model (which also holds the
+//    current center of the iterative rules), per thread n blocks of doubles,
+//    and an n x n distance matrix. Unweighted, for the same reason as the
+//    median.
+//  - Bucketing (bucket_size s > 1, any method but FedAvg): results are
+//    shuffled (bucket_seed) into buckets of s and each bucket's mean is one
+//    input of the method; done block by block as files are read, so it
+//    costs no memory beyond a block.
+//  - Sample-count cap (max_claimed_samples) and equal weights: FedAvg's
+//    weight is min(claim, cap), or 1 with equal weights; a clipped claim is
+//    counted (sample_claims_clipped), not refused. For every method
+//    total_samples sums the claims after clipping. Partial sums (chain
+//    reduction) are refused with either option: their weights were applied
+//    by the trainers.
 //
 // Payload kinds: a result is full weights or a weight difference against
 // the base model; a difference counts as base + difference. Kinds may mix
@@ -113,7 +130,8 @@ struct AggregatorOptions {
   double trim_fraction = 0.1;
   // Accept NaN / Inf values in results. FedAvg then propagates them (a
   // coordinate with a non-finite input comes out NaN or Inf); median and
-  // trimmed mean sort NaN above +Inf.
+  // trimmed mean sort NaN above +Inf; the robust vector rules count a
+  // result at a NaN distance as infinitely far (no weight, not selected).
   bool allow_non_finite = false;
   // Directory for results kept on disk (created if missing). Required for
   // median and trimmed mean. For FedAvg it is optional: when set,
@@ -135,7 +153,27 @@ struct AggregatorOptions {
   // when many results would make n blocks large).
   uint64_t block_coordinates = 65536;
 
-  // The job's aggregation settings (method, trim_fraction, allow_non_finite)
+  // Robust methods (JobConfig fields of the same names; 0 = the default the
+  // proto documents). The attackers tolerated, f.
+  int tolerated_attackers = 0;
+  // Multi-Krum: results averaged (0 = n - f).
+  int krum_selected = 0;
+  // Centered clipping: radius (0 = adaptive: the median distance) and
+  // iterations.
+  double clipping_radius = 0;
+  int clipping_iterations = 3;
+  // Geometric median: Weiszfeld iterations.
+  int geometric_median_iterations = 10;
+  // Bucketing: results per bucket (0 or 1: none), and the seed of the
+  // shuffle (the controller mixes the job's seed with the round).
+  int bucket_size = 0;
+  uint64_t bucket_seed = 0;
+  // Sample-count cap (0: none) and equal weights (FedAvg).
+  uint64_t max_claimed_samples = 0;
+  bool equal_weights = false;
+
+  // The job's aggregation settings (method, trim_fraction, allow_non_finite,
+  // the robust methods' parameters, the sample-count cap)
   // with `offload_dir`, e.g. <workspace>/<job>/offload. A zero trim_fraction
   // in the config means the documented default 0.1.
   static AggregatorOptions FromJobConfig(const v1::JobConfig& config,
@@ -203,6 +241,8 @@ class Aggregator {
   virtual int64_t num_added() const = 0;
   virtual int64_t total_samples() const = 0;
   virtual v1::AggregationMethod method() const = 0;
+  // Results whose claimed sample count was above max_claimed_samples.
+  virtual int64_t sample_claims_clipped() const { return 0; }
 
  protected:
   Aggregator() = default;

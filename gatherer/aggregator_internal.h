@@ -118,6 +118,16 @@ absl::StatusOr<std::unique_ptr<Aggregator>> NewFedAvgAggregator(
     std::shared_ptr<SharedState> shared);
 absl::StatusOr<std::unique_ptr<Aggregator>> NewCoordinateAggregator(
     std::shared_ptr<SharedState> shared);
+absl::StatusOr<std::unique_ptr<Aggregator>> NewRobustAggregator(
+    std::shared_ptr<SharedState> shared);
+
+// The sample count a claim counts for: min(claim, max_claimed_samples) (a
+// cap of 0: none). `*clipped` is set when the cap cut the claim.
+int64_t CappedSampleCount(const AggregatorOptions& options,
+                          int64_t sample_count, bool* clipped);
+
+// Is `method` one of the robust vector methods (robust_aggregator.cc)?
+bool IsRobustVectorMethod(v1::AggregationMethod method);
 
 // ---------------------------------------------------------------------------
 // Work splitting.

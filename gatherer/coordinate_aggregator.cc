@@ -17,12 +17,10 @@
 // count. Trimmed mean: sort, drop k = floor(trim_fraction * n) values at each
 // end (k < n / 2 as trim_fraction < 0.5), average the rest. NaN (when
 // allowed) sorts above +Inf. A weight difference counts as base + difference.
-#include <fcntl.h>
-#include <unistd.h>
-
+// With bucketing (bucket_size > 1) the n values of a coordinate are the
+// means of the buckets (result_files.h), formed as each block is read.
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,14 +32,11 @@
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_internal.h"
 #include "gatherer/aggregator_kernels.h"
+#include "gatherer/result_files.h"
 
 namespace swarm {
 namespace agg_internal {
 namespace {
-
-// Per-thread budget for the n blocks of doubles.
-constexpr uint64_t kBlockBudgetBytes = 64ull << 20;
-constexpr uint64_t kMinBlockCoordinates = 256;
 
 // NaN last; a strict weak order even with NaNs.
 struct NanLast {
@@ -87,46 +82,6 @@ std::vector<std::pair<uint32_t, uint32_t>> SortingNetwork(uint32_t n) {
   return network;
 }
 
-class FileSet {
- public:
-  FileSet() = default;
-  FileSet(const FileSet&) = delete;
-  FileSet& operator=(const FileSet&) = delete;
-  ~FileSet() {
-    for (int fd : fds_) close(fd);
-  }
-  absl::Status Open(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrCat("cannot open result file ", path,
-                                              ": ", std::strerror(errno)));
-    }
-    fds_.push_back(fd);
-    return absl::OkStatus();
-  }
-  int fd(size_t i) const { return fds_[i]; }
-
- private:
-  std::vector<int> fds_;
-};
-
-absl::Status ReadFully(int fd, char* out, uint64_t size, uint64_t offset,
-                       const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = pread(fd, out, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::DataLossError(absl::StrCat(
-          "cannot read result file ", path, " at offset ", offset, ": ",
-          n == 0 ? "unexpected end of file" : std::strerror(errno)));
-    }
-    out += n;
-    size -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 class CoordinateAggregator final : public Aggregator {
  public:
   explicit CoordinateAggregator(std::shared_ptr<SharedState> shared)
@@ -134,48 +89,12 @@ class CoordinateAggregator final : public Aggregator {
 
   absl::Status Add(const Model& result, int64_t sample_count,
                    v1::PayloadKind kind) override {
-    SWARM_RETURN_IF_ERROR(CheckAddable(sample_count, kind));
-    SWARM_RETURN_IF_ERROR(CheckTable(shared_->base->specs(), result.specs()));
-    const VerifiedStorage* verified = VerifiedBy(result, shared_.get());
-    if (!shared_->options.allow_non_finite &&
-        (verified == nullptr || !verified->values_checked())) {
-      SWARM_RETURN_IF_ERROR(CheckFinite(result, shared_->num_threads));
-    }
-    Stored stored;
-    stored.diff = kind == v1::PAYLOAD_KIND_WEIGHT_DIFF;
-    if (verified != nullptr && verified->file() != nullptr) {
-      // Streamed into our offload directory already: keep that file.
-      stored.path = verified->file()->path();
-      stored.owned = verified->file();
-      stored.offsets = StorageOffsets(result);
-    } else {
-      stored.owned = std::make_shared<OffloadFile>(shared_->NewOffloadPath());
-      stored.path = stored.owned->path();
-      SWARM_RETURN_IF_ERROR(result.SaveSafetensors(stored.path));
-      SWARM_ASSIGN_OR_RETURN(Model saved, Model::LoadSafetensors(stored.path));
-      SWARM_ASSIGN_OR_RETURN(Model view,
-                             ViewInBaseOrder(shared_->base->specs(), saved));
-      stored.offsets = StorageOffsets(view);
-    }
-    Commit(std::move(stored), sample_count);
-    return absl::OkStatus();
+    return files_.Add(result, sample_count, kind);
   }
 
   absl::Status AddFile(const std::string& path, int64_t sample_count,
                        v1::PayloadKind kind) override {
-    SWARM_RETURN_IF_ERROR(CheckAddable(sample_count, kind));
-    SWARM_ASSIGN_OR_RETURN(Model file, Model::LoadSafetensors(path));
-    SWARM_ASSIGN_OR_RETURN(Model view,
-                           ViewInBaseOrder(shared_->base->specs(), file));
-    if (!shared_->options.allow_non_finite) {
-      SWARM_RETURN_IF_ERROR(CheckFinite(view, shared_->num_threads));
-    }
-    Stored stored;
-    stored.diff = kind == v1::PAYLOAD_KIND_WEIGHT_DIFF;
-    stored.path = path;
-    stored.offsets = StorageOffsets(view);
-    Commit(std::move(stored), sample_count);
-    return absl::OkStatus();
+    return files_.AddFile(path, sample_count, kind);
   }
 
   absl::StatusOr<std::unique_ptr<TensorSink>> NewResultSink() override {
@@ -183,37 +102,22 @@ class CoordinateAggregator final : public Aggregator {
   }
 
   absl::StatusOr<Model> Finish() override {
-    if (finished_) return absl::FailedPreconditionError("already finished");
-    if (stored_.empty()) {
+    if (files_.finished()) {
+      return absl::FailedPreconditionError("already finished");
+    }
+    if (files_.size() == 0) {
       return absl::FailedPreconditionError("no results to aggregate");
     }
     const Model& base = *shared_->base;
-    const uint64_t n = stored_.size();
-    FileSet files;
-    for (const Stored& stored : stored_) {
-      SWARM_RETURN_IF_ERROR(files.Open(stored.path));
-    }
+    SWARM_ASSIGN_OR_RETURN(std::unique_ptr<ResultFiles::Reader> reader,
+                           ResultFiles::Reader::Open(files_));
+    // With bucketing, the inputs are the buckets' means.
+    const uint64_t n = reader->rows();
     SWARM_ASSIGN_OR_RETURN(
         Model out,
         Model::Create(base.specs(), HeapStorage::Init::kUninitialized));
-
-    const uint64_t block =
-        std::min(shared_->options.block_coordinates,
-                 std::max(kMinBlockCoordinates,
-                          kBlockBudgetBytes / (n * sizeof(double))));
-    std::vector<Range> blocks;
-    for (size_t t = 0; t < base.num_tensors(); ++t) {
-      const uint64_t elements =
-          base.spec(t).byte_size / DTypeSize(base.spec(t).dtype);
-      for (uint64_t begin = 0; begin < elements; begin += block) {
-        blocks.push_back({t, begin, std::min(elements, begin + block)});
-      }
-    }
-    std::vector<char> diff(n);
-    for (uint64_t k = 0; k < n; ++k) diff[k] = stored_[k].diff;
-    const bool any_diff =
-        std::any_of(stored_.begin(), stored_.end(),
-                    [](const Stored& stored) { return stored.diff; });
+    const uint64_t block = BlockCoordinates(shared_->options, n);
+    const std::vector<Range> blocks = PlanBlocks(base, block);
     // Sorting networks need an order without NaN: when NaN may occur, or for
     // very many results, each coordinate is sorted on its own.
     const bool use_network = !shared_->options.allow_non_finite && n <= 256;
@@ -231,38 +135,22 @@ class CoordinateAggregator final : public Aggregator {
     std::atomic<bool> failed{false};
     RunParallel(threads, [&](int) {
       std::vector<double> values(n * block);
-      std::vector<char> raw(block * sizeof(double));
-      std::vector<double> base_values(any_diff ? block : 0);
       std::vector<double> column(n);
       std::vector<double> reduced(block);
+      ResultFiles::Scratch scratch;
       for (size_t b = next.fetch_add(1); b < blocks.size() && !failed.load();
            b = next.fetch_add(1)) {
         const Range& range = blocks[b];
         const DType dtype = base.spec(range.tensor).dtype;
         const uint64_t size = DTypeSize(dtype);
         const uint64_t count = range.end - range.begin;
-        for (uint64_t k = 0; k < n; ++k) {
-          absl::Status status =
-              ReadFully(files.fd(k), raw.data(), count * size,
-                        stored_[k].offsets[range.tensor] + range.begin * size,
-                        stored_[k].path);
-          if (!status.ok()) {
-            std::lock_guard<std::mutex> lock(error_mu);
-            if (error.ok()) error = std::move(status);
-            failed = true;
-            return;
-          }
-          LoadRangeAsDouble(dtype, raw.data(), count, &values[k * block]);
-        }
-        if (any_diff) {
-          LoadRangeAsDouble(
-              dtype, base.tensor_data(range.tensor).data() + range.begin * size,
-              count, base_values.data());
-        }
-        for (uint64_t k = 0; k < n; ++k) {
-          if (!diff[k]) continue;
-          double* row = &values[k * block];
-          for (uint64_t j = 0; j < count; ++j) row[j] += base_values[j];
+        absl::Status status =
+            reader->Load(range, values.data(), block, &scratch);
+        if (!status.ok()) {
+          std::lock_guard<std::mutex> lock(error_mu);
+          if (error.ok()) error = std::move(status);
+          failed = true;
+          return;
         }
         if (use_network) {
           // In runs of coordinates small enough for n rows to stay in L1/L2.
@@ -285,49 +173,30 @@ class CoordinateAggregator final : public Aggregator {
       }
     });
     SWARM_RETURN_IF_ERROR(error);
-    finished_ = true;
-    stored_.clear();  // Removes the files we own.
+    const size_t results = files_.size();
+    reader.reset();
+    files_.Finish();
     out.metadata()["aggregation"] =
         shared_->options.method == v1::AGGREGATION_MEDIAN ? "median"
                                                           : "trimmed_mean";
-    out.metadata()["num_results"] = absl::StrCat(n);
-    out.metadata()["total_samples"] = absl::StrCat(total_samples_);
+    if (n != results) out.metadata()["buckets"] = absl::StrCat(n);
+    out.metadata()["num_results"] = absl::StrCat(results);
+    out.metadata()["total_samples"] = absl::StrCat(files_.total_samples());
     return out;
   }
 
   int64_t num_added() const override {
-    return static_cast<int64_t>(stored_.size());
+    return static_cast<int64_t>(files_.size());
   }
-  int64_t total_samples() const override { return total_samples_; }
+  int64_t total_samples() const override { return files_.total_samples(); }
+  int64_t sample_claims_clipped() const override {
+    return files_.claims_clipped();
+  }
   v1::AggregationMethod method() const override {
     return shared_->options.method;
   }
 
  private:
-  struct Stored {
-    std::string path;
-    // Set when the aggregator owns the file (removed with the last owner).
-    std::shared_ptr<OffloadFile> owned;
-    // File offset of each tensor, in base order.
-    std::vector<uint64_t> offsets;
-    bool diff = false;
-  };
-
-  absl::Status CheckAddable(int64_t sample_count, v1::PayloadKind kind) const {
-    if (finished_) return absl::FailedPreconditionError("already finished");
-    SWARM_RETURN_IF_ERROR(CheckCountAndKind(sample_count, kind));
-    if (sample_count > std::numeric_limits<int64_t>::max() - total_samples_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sample count ", sample_count, " overflows the round's total"));
-    }
-    return absl::OkStatus();
-  }
-
-  void Commit(Stored stored, int64_t sample_count) {
-    stored_.push_back(std::move(stored));
-    total_samples_ += sample_count;
-  }
-
   // `rows` holds `count` coordinates of n sorted rows (row k at
   // rows[k * stride]); writes each coordinate's median / trimmed mean.
   void ReduceSortedRows(const double* rows, uint64_t stride, uint64_t n,
@@ -358,9 +227,7 @@ class CoordinateAggregator final : public Aggregator {
   }
 
   const std::shared_ptr<SharedState> shared_;
-  std::vector<Stored> stored_;
-  int64_t total_samples_ = 0;
-  bool finished_ = false;
+  ResultFiles files_{shared_};
 };
 
 }  // namespace

@@ -20,11 +20,16 @@
 // (a relative change of the weight below 6e-8). W sums the same rounded
 // weights, so the mean stays a mean.
 //
+// The weight of a result is its claimed sample count, capped at
+// max_claimed_samples (a clipped claim is counted, not refused), or 1 with
+// equal_weights.
+//
 // Untouched on a bad result: every check (table, count, kind, values) runs
 // before the first write to the sum. Values are checked either by the sink
 // the result streamed into (per chunk, in cache) or, for a model from
 // elsewhere, by a read-only scan before the accumulation pass.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -171,15 +176,20 @@ class FedAvgAggregator final : public Aggregator {
     }
     SWARM_RETURN_IF_ERROR(Allocate());
     // Valid: from here on nothing fails.
+    bool clipped = false;
+    const int64_t counted =
+        CappedSampleCount(shared_->options, sample_count, &clipped);
+    const int64_t weight_count = shared_->options.equal_weights ? 1 : counted;
     const bool first = num_added_ == 0;
     if (first) {
-      weight_exponent_ = std::ilogb(static_cast<double>(sample_count));
+      weight_exponent_ = std::ilogb(static_cast<double>(weight_count));
     }
     const float weight = static_cast<float>(
-        std::ldexp(static_cast<double>(sample_count), -weight_exponent_));
+        std::ldexp(static_cast<double>(weight_count), -weight_exponent_));
     Accumulate(result, weight, first);
     ++num_added_;
-    total_samples_ += sample_count;
+    if (clipped) ++claims_clipped_;
+    total_samples_ += counted;
     weight_sum_ += weight;
     if (kind == v1::PAYLOAD_KIND_WEIGHT_DIFF) diff_weight_sum_ += weight;
     return absl::OkStatus();
@@ -190,6 +200,12 @@ class FedAvgAggregator final : public Aggregator {
     if (finished_) return absl::FailedPreconditionError("already finished");
     if (terms.empty()) {
       return absl::InvalidArgumentError("a partial sum of no results");
+    }
+    if (shared_->options.max_claimed_samples > 0 ||
+        shared_->options.equal_weights) {
+      return absl::FailedPreconditionError(
+          "a partial sum is weighted by its trainers' own sample counts: "
+          "refused with max_claimed_samples or equal_weights");
     }
     if (!(scale > 0) || !std::isfinite(scale)) {
       return absl::InvalidArgumentError(
@@ -290,6 +306,7 @@ class FedAvgAggregator final : public Aggregator {
 
   int64_t num_added() const override { return num_added_; }
   int64_t total_samples() const override { return total_samples_; }
+  int64_t sample_claims_clipped() const override { return claims_clipped_; }
   v1::AggregationMethod method() const override {
     return v1::AGGREGATION_FEDAVG;
   }
@@ -385,6 +402,7 @@ class FedAvgAggregator final : public Aggregator {
   uint64_t total_cost_ = 0;
   int64_t num_added_ = 0;
   int64_t total_samples_ = 0;
+  std::atomic<int64_t> claims_clipped_{0};
   int weight_exponent_ = 0;
   double weight_sum_ = 0;
   double diff_weight_sum_ = 0;

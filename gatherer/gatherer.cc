@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -111,7 +112,11 @@ Gatherer::Gatherer(GathererOptions options, MetricComparator comparator)
       self_(std::move(options.self)),
       metric_name_(MetricNameOrDefault(std::move(options.metric_name))),
       open_time_(options.open_time),
-      comparator_(comparator) {
+      comparator_(comparator),
+      score_(options.score),
+      score_trim_fraction_(options.score_trim_fraction),
+      max_claimed_samples_(options.max_claimed_samples),
+      equal_weights_(options.equal_weights) {
   for (std::string& name : options.expected_trainers) {
     trainers_.try_emplace(std::move(name));
   }
@@ -488,19 +493,45 @@ absl::Time Gatherer::NextDeadline() const {
 std::optional<double> Gatherer::RoundScore() const {
   // Late results are not in `responded` state: their metric was measured on
   // an older global model than this round's, so it must not score this one.
-  long double weighted_sum = 0;
-  long double total_weight = 0;
+  std::vector<std::pair<double, long double>> scored;  // {metric, weight}
   for (const auto& [name, state] : trainers_) {
     if (!state.responded || state.sample_count == 0 ||
         !MetricComparator::IsUsable(state.metric)) {
       continue;
     }
-    const long double weight = static_cast<long double>(state.sample_count);
-    weighted_sum += weight * static_cast<long double>(*state.metric);
-    total_weight += weight;
+    uint64_t weight = state.sample_count;
+    if (max_claimed_samples_ > 0) {
+      weight = std::min(weight, max_claimed_samples_);
+    }
+    if (equal_weights_) weight = 1;
+    scored.emplace_back(*state.metric, static_cast<long double>(weight));
   }
-  if (total_weight == 0) return std::nullopt;
-  const double score = static_cast<double>(weighted_sum / total_weight);
+  if (scored.empty()) return std::nullopt;
+  double score = 0;
+  if (score_ == v1::SCORE_MEDIAN || score_ == v1::SCORE_TRIMMED_MEAN) {
+    // Unweighted: a trainer's claimed sample count buys no say here.
+    std::sort(scored.begin(), scored.end());
+    const size_t n = scored.size();
+    size_t trim = 0;
+    if (score_ == v1::SCORE_MEDIAN) {
+      trim = (n - 1) / 2;  // Keeps the middle one, or the middle two.
+    } else {
+      trim = static_cast<size_t>(
+          std::floor(score_trim_fraction_ * static_cast<double>(n) + 1e-9));
+      trim = std::min(trim, (n - 1) / 2);
+    }
+    long double sum = 0;
+    for (size_t i = trim; i < n - trim; ++i) sum += scored[i].first;
+    score = static_cast<double>(sum / static_cast<long double>(n - 2 * trim));
+  } else {
+    long double weighted_sum = 0;
+    long double total_weight = 0;
+    for (const auto& [metric, weight] : scored) {
+      weighted_sum += weight * static_cast<long double>(metric);
+      total_weight += weight;
+    }
+    score = static_cast<double>(weighted_sum / total_weight);
+  }
   if (!std::isfinite(score)) return std::nullopt;
   return score;
 }
@@ -518,6 +549,19 @@ v1::BestRecord Gatherer::BestAfterRound() const {
   best.set_metric(*score);
   best.set_round(round_);
   return best;
+}
+
+void SetScoreOptions(const v1::JobConfig& config, GathererOptions* options) {
+  options->score = config.best_score();
+  if (options->score == v1::SCORE_DEFAULT) {
+    options->score = config.aggregation_method() == v1::AGGREGATION_FEDAVG
+                         ? v1::SCORE_WEIGHTED_MEAN
+                         : v1::SCORE_MEDIAN;
+  }
+  options->score_trim_fraction =
+      config.trim_fraction() == 0 ? 0.1 : config.trim_fraction();
+  options->max_claimed_samples = config.max_claimed_samples();
+  options->equal_weights = config.equal_weights();
 }
 
 }  // namespace swarm

@@ -104,7 +104,23 @@ struct GathererOptions {
   std::string metric_name = "accuracy";
   // When the round opened (the learn task was scattered).
   absl::Time open_time = absl::UnixEpoch();
+  // How the round's score is made of the trainers' validation metrics
+  // (design section 11): the weighted mean, the median, or the trimmed mean
+  // (dropping floor(score_trim_fraction * n) at each end). SCORE_DEFAULT
+  // counts as the weighted mean here (SetScoreOptions resolves it).
+  v1::ScoreStatistic score = v1::SCORE_WEIGHTED_MEAN;
+  double score_trim_fraction = 0.1;
+  // The weighted mean's weight of a trainer: its claimed sample count capped
+  // at max_claimed_samples (0: no cap), or 1 each with equal_weights.
+  uint64_t max_claimed_samples = 0;
+  bool equal_weights = false;
 };
+
+// Sets the score options from the job: best_score, SCORE_DEFAULT resolved
+// to the median with a robust aggregation method (anything but FedAvg) and
+// to the weighted mean with FedAvg; trim_fraction (0: 0.1);
+// max_claimed_samples and equal_weights.
+void SetScoreOptions(const v1::JobConfig& config, GathererOptions* options);
 
 // Answer to RequestToSubmit().
 enum class PermissionCode {
@@ -285,9 +301,11 @@ class Gatherer {
   // absl::InfiniteFuture() once closed, or if nothing is pending.
   absl::Time NextDeadline() const;
 
-  // The sample-weighted mean of this round's counted results' validation
-  // metric (results without a finite metric, or with zero samples, are left
-  // out), or nullopt if there is none. Late results are left out on purpose:
+  // This round's score: by default the sample-weighted mean of its counted
+  // results' validation metric (weights capped, or equal, as the options
+  // say), or their median or trimmed mean (unweighted); results without a
+  // finite metric, or with zero samples, are left out. nullopt if there is
+  // none. Late results are left out on purpose:
   // their metric scores an older global model than this round's.
   std::optional<double> RoundScore() const;
 
@@ -350,6 +368,10 @@ class Gatherer {
   const std::string metric_name_;
   const absl::Time open_time_;
   const MetricComparator comparator_;
+  const v1::ScoreStatistic score_;
+  const double score_trim_fraction_;
+  const uint64_t max_claimed_samples_;
+  const bool equal_weights_;
 
   // Sorted by name, so reports are deterministic.
   std::map<std::string, TrainerState, std::less<>> trainers_;

@@ -755,6 +755,75 @@ TEST(GathererBestTest, EmptyMetricNameMeansAccuracy) {
   EXPECT_DOUBLE_EQ(*g.RoundScore(), 0.75);
 }
 
+// Five trainers score 0.80, 0.82, 0.84, 0.86 and a liar 1.0 claiming many
+// samples; `options` says how to score.
+double ScoreWithLiar(GathererOptions options) {
+  options.expected_trainers = {"a", "b", "c", "d", "liar"};
+  Gatherer g(std::move(options), MetricComparator(kHigher));
+  const std::vector<std::pair<std::string, double>> results = {
+      {"a", 0.80}, {"b", 0.82}, {"c", 0.84}, {"d", 0.86}, {"liar", 1.0}};
+  for (const auto& [name, metric] : results) {
+    EXPECT_EQ(g.RequestToSubmit(name, kRound, kOpen).outcome, v1::OUTCOME_OK);
+    EXPECT_TRUE(g.BeginResult(name, kRound, kOpen).ok());
+    const uint64_t samples = name == "liar" ? 100000 : 100;
+    EXPECT_TRUE(g.CompleteResult(name, samples, Metrics(metric), kOpen).ok());
+  }
+  const std::optional<double> score = g.RoundScore();
+  EXPECT_TRUE(score.has_value());
+  return score.value_or(kNaN);
+}
+
+TEST(GathererBestTest, RobustScoresIgnoreALiar) {
+  const GathererOptions options = MakeOptions(Config());
+  // Weighted by claims: (0.80 + 0.82 + 0.84 + 0.86) * 100 + 1.0 * 100000
+  // over 100400.
+  EXPECT_NEAR(ScoreWithLiar(options), (332.0 + 100000.0) / 100400.0, 1e-12);
+  GathererOptions capped = options;
+  capped.max_claimed_samples = 100;  // All weigh 100: the plain mean.
+  EXPECT_NEAR(ScoreWithLiar(capped), 4.32 / 5, 1e-12);
+  GathererOptions equal = options;
+  equal.equal_weights = true;
+  EXPECT_NEAR(ScoreWithLiar(equal), 4.32 / 5, 1e-12);
+  GathererOptions median = options;
+  median.score = v1::SCORE_MEDIAN;
+  EXPECT_DOUBLE_EQ(ScoreWithLiar(median), 0.84);
+  GathererOptions trimmed = options;
+  trimmed.score = v1::SCORE_TRIMMED_MEAN;
+  trimmed.score_trim_fraction = 0.2;  // Drops 0.80 and the liar's 1.0.
+  EXPECT_NEAR(ScoreWithLiar(trimmed), 0.84, 1e-12);
+}
+
+TEST(GathererBestTest, MedianOfAnEvenCount) {
+  GathererOptions options = MakeOptions(Config().Trainers({"a", "b"}));
+  options.score = v1::SCORE_MEDIAN;
+  Gatherer g(std::move(options), MetricComparator(kHigher));
+  for (const auto& [name, metric] :
+       std::vector<std::pair<std::string, double>>{{"a", 0.5}, {"b", 0.7}}) {
+    ASSERT_EQ(g.RequestToSubmit(name, kRound, kOpen).outcome, v1::OUTCOME_OK);
+    ASSERT_TRUE(g.BeginResult(name, kRound, kOpen).ok());
+    ASSERT_TRUE(g.CompleteResult(name, 10, Metrics(metric), kOpen).ok());
+  }
+  EXPECT_DOUBLE_EQ(*g.RoundScore(), 0.6);
+}
+
+TEST(GathererBestTest, SetScoreOptionsDefaultsToMedianForRobustMethods) {
+  v1::JobConfig config;
+  GathererOptions options;
+  SetScoreOptions(config, &options);
+  EXPECT_EQ(options.score, v1::SCORE_WEIGHTED_MEAN);
+  config.set_aggregation_method(v1::AGGREGATION_MULTI_KRUM);
+  config.set_max_claimed_samples(500);
+  config.set_equal_weights(true);
+  SetScoreOptions(config, &options);
+  EXPECT_EQ(options.score, v1::SCORE_MEDIAN);
+  EXPECT_EQ(options.max_claimed_samples, 500u);
+  EXPECT_TRUE(options.equal_weights);
+  EXPECT_DOUBLE_EQ(options.score_trim_fraction, 0.1);
+  config.set_best_score(v1::SCORE_WEIGHTED_MEAN);
+  SetScoreOptions(config, &options);
+  EXPECT_EQ(options.score, v1::SCORE_WEIGHTED_MEAN);
+}
+
 // ---------------------------------------------------------------------------
 // Counters, clamping, names.
 // ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "learner/learner_factory.h"
 
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "learner/attack.h"
 #include "learner/mlp_learner.h"
 #include "learner/test_learner.h"
 
@@ -28,11 +30,20 @@ std::map<std::string, std::string> MergeLearnerParams(
                                         job_params.begin(), job_params.end()));
 }
 
-absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
+namespace {
+
+// Keys a learner kind does not read, less the attack keys (attack.h).
+std::set<std::string> WithoutAttackParams(std::set<std::string> unknown) {
+  for (auto it = unknown.begin(); it != unknown.end();) {
+    it = IsAttackParam(*it) ? unknown.erase(it) : std::next(it);
+  }
+  return unknown;
+}
+
+// The learner of kind config.kind for `site_name`, without any attack.
+absl::StatusOr<std::unique_ptr<Learner>> CreatePlainLearner(
     const v1::LearnerConfig& config, absl::string_view site_name,
-    const std::map<std::string, std::string>& job_params) {
-  const std::map<std::string, std::string> params =
-      MergeLearnerParams(config, job_params);
+    const std::map<std::string, std::string>& params) {
   if (config.kind().empty()) {
     return absl::InvalidArgumentError(
         "learner.kind: empty (known: \"test\", \"mlp\")");
@@ -40,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
   if (config.kind() == "test") {
     SWARM_ASSIGN_OR_RETURN(TestLearnerOptions options,
                            ParseTestLearnerOptions(site_name, params));
-    std::set<std::string> unknown = UnknownTestLearnerParams(params);
+    std::set<std::string> unknown =
+        WithoutAttackParams(UnknownTestLearnerParams(params));
     if (!unknown.empty()) {
       SWARM_LOG_WARNING("test learner ignores learner params: %s",
                         absl::StrJoin(unknown, ", "));
@@ -52,7 +64,8 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
   if (config.kind() == "mlp") {
     SWARM_ASSIGN_OR_RETURN(MlpLearnerOptions options,
                            ParseMlpLearnerOptions(site_name, params));
-    std::set<std::string> unknown = UnknownMlpLearnerParams(params);
+    std::set<std::string> unknown =
+        WithoutAttackParams(UnknownMlpLearnerParams(params));
     if (!unknown.empty()) {
       SWARM_LOG_WARNING("mlp learner ignores learner params: %s",
                         absl::StrJoin(unknown, ", "));
@@ -65,6 +78,34 @@ absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
       absl::StrFormat("learner.kind: unknown learner \"%s\" (known: \"test\", "
                       "\"mlp\")",
                       config.kind()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Learner>> CreateLearner(
+    const v1::LearnerConfig& config, absl::string_view site_name,
+    const std::map<std::string, std::string>& job_params) {
+  const std::map<std::string, std::string> params =
+      MergeLearnerParams(config, job_params);
+  SWARM_ASSIGN_OR_RETURN(std::unique_ptr<Learner> learner,
+                         CreatePlainLearner(config, site_name, params));
+  SWARM_ASSIGN_OR_RETURN(AttackOptions attack,
+                         ParseAttackOptions(site_name, params));
+  if (!attack.active()) return learner;
+  // ALIE and IPM: the honest sites' learners, from the same params (see
+  // attack.h for why this is what the attacker is assumed to know).
+  std::vector<std::unique_ptr<Learner>> honest;
+  if (attack.mode == AttackMode::kAlie || attack.mode == AttackMode::kIpm) {
+    for (const std::string& name : attack.honest_sites) {
+      SWARM_ASSIGN_OR_RETURN(std::unique_ptr<Learner> peer,
+                             CreatePlainLearner(config, name, params));
+      honest.push_back(std::move(peer));
+    }
+  }
+  SWARM_LOG_WARNING("site %s's learner attacks (learner param \"attack\")",
+                    site_name);
+  return NewAttackingLearner(std::move(learner), std::move(attack),
+                             std::move(honest));
 }
 
 absl::StatusOr<std::unique_ptr<SiteLearner>> SiteLearner::Create(
