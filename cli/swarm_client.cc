@@ -2,6 +2,7 @@
 //
 //   swarm-client --config site.json [--threads 8] [--insecure]
 //                [--log-format text|json]
+//   swarm-client --version   (release, git commit, wire protocol version)
 //
 // Serves with the site's certificate (site.json "tls_dir", made by swarmctl
 // provision) and requires every caller to present a certificate of the same
@@ -39,6 +40,7 @@
 #include "cli/metered_transport.h"
 #include "cli/site_metrics.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "config/site_config.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
@@ -62,6 +64,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: swarm-client --config site.json [--threads N] [--insecure]\n"
     "                    [--log-format text|json]\n"
+    "       swarm-client --version | --help\n"
     "  site.json: {\"name\": \"site-a\", \"listen_address\": "
     "\"0.0.0.0:7001\",\n"
     "              \"workspace\": \"/var/lib/swarm\", \"tls_dir\": "
@@ -101,6 +104,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* flags) {
       }
     } else if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--version") {
+      std::fputs(VersionText("swarm-client").c_str(), stdout);
       return 0;
     } else {
       std::fprintf(stderr, "swarm-client: unknown argument %s\n%s", arg.c_str(),
@@ -248,10 +254,14 @@ std::unique_ptr<grpc::Server> StartServer(
   const std::string host =
       config.listen_address().substr(0, config.listen_address().rfind(':'));
   LogEvent(LogSeverity::kInfo, "listening",
-           absl::StrFormat("site %s listening on %s:%d (workspace %s)",
-                           config.name(), host, port, config.workspace()),
+           absl::StrFormat(
+               "site %s listening on %s:%d (workspace %s; swarm-client %s, "
+               "wire protocol %s)",
+               config.name(), host, port, config.workspace(), BuildText(),
+               ProtocolText(OwnProtocolVersion())),
            {{"address", absl::StrCat(host, ":", port)},
-            {"workspace", config.workspace()}});
+            {"workspace", config.workspace()},
+            {"version", ReleaseVersion()}});
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
   return server;

@@ -31,6 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/storage_error.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_internal.h"
 #include "gatherer/aggregator_kernels.h"
@@ -149,12 +150,17 @@ class CoordinateAggregator final : public Aggregator {
       stored.owned = verified->file();
       stored.offsets = StorageOffsets(result);
     } else {
+      // A result held in memory (e.g. this site's own) is written to the
+      // offload directory: a failure there is this site's disk, not the
+      // result (common/storage_error.h), so it is never answered RETRY.
       stored.owned = std::make_shared<OffloadFile>(shared_->NewOffloadPath());
       stored.path = stored.owned->path();
-      SWARM_RETURN_IF_ERROR(result.SaveSafetensors(stored.path));
-      SWARM_ASSIGN_OR_RETURN(Model saved, Model::LoadSafetensors(stored.path));
+      SWARM_RETURN_IF_ERROR(
+          AsStorageError(result.SaveSafetensors(stored.path)));
+      absl::StatusOr<Model> saved = Model::LoadSafetensors(stored.path);
+      if (!saved.ok()) return AsStorageError(saved.status());
       SWARM_ASSIGN_OR_RETURN(Model view,
-                             ViewInBaseOrder(shared_->base->specs(), saved));
+                             ViewInBaseOrder(shared_->base->specs(), *saved));
       stored.offsets = StorageOffsets(view);
     }
     Commit(std::move(stored), sample_count);

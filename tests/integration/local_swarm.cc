@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "config/site_config.h"
 #include "gtest/gtest.h"
 
 namespace swarm::testing {
@@ -171,6 +172,22 @@ absl::Status LocalSwarm::StartExternalSite(
   return StartSiteWithConfig(name, std::move(config));
 }
 
+absl::Status LocalSwarm::RestartSite(const std::string& name) {
+  auto it = sites_.find(name);
+  if (it == sites_.end()) {
+    return absl::NotFoundError(absl::StrCat("no site ", name));
+  }
+  absl::StatusOr<v1::SiteConfig> config =
+      LoadSiteConfig(it->second.config_path);
+  if (!config.ok()) return config.status();
+  config->set_listen_address(it->second.address);
+  config->clear_tls_dir();  // Set again by StartSiteWithConfig.
+  it->second.process->Kill();
+  sites_.erase(it);
+  names_.erase(std::find(names_.begin(), names_.end(), name));
+  return StartSiteWithConfig(name, *std::move(config));
+}
+
 std::string LocalSwarm::Workspace(const std::string& name) const {
   return absl::StrCat(dir_, "/ws-", name);
 }
@@ -186,7 +203,9 @@ absl::Status LocalSwarm::StartSiteWithConfig(
   site.workspace = Workspace(name);
   site.log_path = absl::StrCat(dir_, "/", name, ".log");
   config.set_name(name);
-  config.set_listen_address("127.0.0.1:0");
+  if (config.listen_address().empty()) {
+    config.set_listen_address("127.0.0.1:0");
+  }
   config.set_workspace(site.workspace);
   std::vector<std::string> argv = {SwarmClientPath(), "--config"};
   if (transport_ == Transport::kMutualTls) {

@@ -86,6 +86,9 @@ class LocalSwarm {
   absl::Status StartExternalSite(
       const std::string& name, const v1::TrainerConfig& trainer,
       const std::map<std::string, std::string>& learner_params);
+  // Kills `name` (SIGKILL, as a power cut) and starts it again with the
+  // same config, workspace and port (the job config's address stays valid).
+  absl::Status RestartSite(const std::string& name);
   // <dir>/ws-<name>: the workspace a site gets.
   std::string Workspace(const std::string& name) const;
   SiteProcess& site(const std::string& name);
