@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,7 @@
 #include "common/logging.h"
 #include "common/version.h"
 #include "config/site_config.h"
+#include "config/validation.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
 #include "controller/task_runner.h"
@@ -218,6 +220,35 @@ void ConnectTrainerToJob(trainerlink::ExternalLearner* external,
                  status.state() == v1::SITE_STATE_ABORTED;
     return view;
   });
+}
+
+// Refuses a Configure of a job that already finished in this site's
+// workspace (its BEST or LAST is there) while the site does not hold that
+// job (e.g. after a restart: a finished job is not reloaded), unless the
+// request asks to run it again. The models stay untouched.
+absl::Status RefuseFinishedJob(const persist::Workspace& workspace,
+                               const SiteDriver& controller,
+                               const std::string& site,
+                               const v1::ConfigureRequest& request) {
+  const std::string& job_id = request.job().job_id();
+  if (request.rerun_finished() || !ValidateName("job_id", job_id).ok()) {
+    return absl::OkStatus();  // A bad name is refused by the usual checks.
+  }
+  std::optional<v1::JobConfig> held = controller.job();
+  if (held.has_value() && held->job_id() == job_id) return absl::OkStatus();
+  std::error_code error;
+  if (!std::filesystem::exists(workspace.BestModelPath(job_id), error) &&
+      !std::filesystem::exists(workspace.LastModelPath(job_id), error)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id, " already finished at site ", site,
+      "; its final models are in ",
+      std::filesystem::path(workspace.BestModelPath(job_id))
+          .parent_path()
+          .string(),
+      " (best.safetensors, last.safetensors). Give the job a new job_id, or "
+      "run it again over them with swarmctl start --rerun-finished"));
 }
 
 PeerServiceOptions ServiceOptionsFor(const v1::SiteConfig& config,
@@ -461,6 +492,11 @@ int Run(int argc, char** argv) {
   observability.Serve(&service_options);
   service_options.forward_channels = &channels;
   service_options.verifier = credentials->verifier;
+  service_options.check_configure =
+      [&store, &controller, &config](const v1::ConfigureRequest& request) {
+        return RefuseFinishedJob(store.workspace(), controller, config->name(),
+                                 request);
+      };
   // Watching before serving: the History RPC reads the watcher.
   observability.Watch(&controller);
   PeerService service(&controller, std::move(service_options));

@@ -317,7 +317,7 @@ int ConfiguredSoFar(const v1::JobConfig& job,
 
 // Sends `job` to every site (a site already running this very job answers
 // OK). Returns the exit code: 0, or 1 naming the site that refused.
-int ConfigureAll(const v1::JobConfig& job) {
+int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
   std::vector<std::string> configured;
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
@@ -326,6 +326,7 @@ int ConfigureAll(const v1::JobConfig& job) {
     request.set_sender(Sender());
     *request.mutable_job() = job;
     *request.mutable_protocol() = OwnProtocolVersion();
+    request.set_rerun_finished(rerun_finished);
     v1::Reply reply;
     grpc::Status status =
         StubFor(site.address())->Configure(&context, request, &reply);
@@ -574,7 +575,9 @@ int Start(const Args& args) {
     return code;
   }
   if (int code = CheckJobStates(args, *job, probes); code != 0) return code;
-  if (int code = ConfigureAll(*job); code != 0) return code;
+  if (int code = ConfigureAll(*job, args.rerun_finished); code != 0) {
+    return code;
+  }
   const v1::SiteInfo& starter = *FindSite(*job, job->starting_site());
   return SendStart(*job, starter, /*resume=*/false,
                    absl::StrCat("started on ", SiteLabel(starter)));

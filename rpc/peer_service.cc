@@ -176,6 +176,14 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
           reply->set_message(std::string(compatible.message()));
           return grpc::Status::OK;
         }
+        if (options_.check_configure) {
+          absl::Status allowed_here = options_.check_configure(*request);
+          if (!allowed_here.ok()) {
+            reply->set_outcome(v1::OUTCOME_REJECTED);
+            reply->set_message(std::string(allowed_here.message()));
+            return grpc::Status::OK;
+          }
+        }
         *reply = controller_->Configure(*request);
         return grpc::Status::OK;
       });

@@ -95,6 +95,43 @@ TEST(OperatorTest, AFinishedJobIsNotRunAgainOverItsModels) {
   EXPECT_EQ(*ReadBytes(best), *before);
 }
 
+// After the sites restarted, a finished job is not held in memory any more;
+// its final models on disk still keep it from being run over.
+TEST(OperatorTest, AFinishedJobIsNotRunAgainAfterTheSitesRestarted) {
+  LocalSwarm swarm("operator_finished_restart");
+  for (const char* name : {"site-a", "site-b"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const std::string job = swarm.WriteJob(
+      JobOf(swarm, "finished-2", {"site-a", "site-b"}, /*rounds=*/2));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  ASSERT_TRUE(swarm.WaitAllDone("finished-2", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+  const std::string last =
+      swarm.Workspace("site-a") + "/finished-2/last.safetensors";
+  absl::StatusOr<std::string> before = ReadBytes(last);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-b").ok()) << swarm.Logs();
+
+  const CommandResult again = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(again.code(), 1) << again.ToString();
+  EXPECT_THAT(again.err,
+              HasSubstr("job finished-2 already finished at site site-a"));
+  EXPECT_THAT(again.err, HasSubstr(swarm.Workspace("site-a") + "/finished-2"));
+  EXPECT_THAT(again.err, HasSubstr("--rerun-finished"));
+  EXPECT_THAT(again.out, Not(HasSubstr("started")));
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
+  EXPECT_EQ(*ReadBytes(last), *before);
+
+  // Asked for explicitly, it runs again.
+  const CommandResult rerun =
+      swarm.Swarmctl({"start", "--job", job, "--rerun-finished"});
+  EXPECT_EQ(rerun.code(), 0) << rerun.ToString() << swarm.Logs();
+  EXPECT_TRUE(swarm.WaitAllDone("finished-2", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+}
+
 TEST(OperatorTest, StartAfterEverySiteRestartedNamesResume) {
   LocalSwarm swarm("operator_restart");
   for (const char* name : {"site-a", "site-b"}) {
