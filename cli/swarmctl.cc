@@ -442,9 +442,15 @@ int CheckReachableAndCompatible(const v1::JobConfig& job,
   bool mixed = false;
   std::string versions;
   for (const SiteProbe& probe : probes) {
-    if (!probe.rpc.ok()) {
-      down.push_back(
-          absl::StrCat(SiteLabel(probe.site), ": ", probe.rpc.error_message()));
+    // A peer without the Status call (not a swarm-client) answers
+    // UNIMPLEMENTED: it is there; it sent no version (1.0).
+    if (!probe.rpc.ok() &&
+        probe.rpc.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      down.push_back(absl::StrCat(
+          SiteLabel(probe.site), ": ",
+          probe.rpc.error_message().empty()
+              ? absl::StrCat("gRPC status ", probe.rpc.error_code())
+              : probe.rpc.error_message()));
       continue;
     }
     const v1::ProtocolVersion version =
