@@ -2,6 +2,7 @@
 //
 //   swarm-client --config site.json [--threads 8] [--insecure]
 //                [--log-format text|json]
+//   swarm-client --version   (release, git commit, wire protocol version)
 //
 // Serves with the site's certificate (site.json "tls_dir", made by swarmctl
 // provision) and requires every caller to present a certificate of the same
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,7 +40,9 @@
 #include "absl/synchronization/mutex.h"
 #include "cli/site_metrics.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "config/site_config.h"
+#include "config/validation.h"
 #include "controller/metered_transport.h"
 #include "controller/model_store.h"
 #include "controller/site_driver.h"
@@ -64,6 +68,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: swarm-client --config site.json [--threads N] [--insecure]\n"
     "                    [--log-format text|json]\n"
+    "       swarm-client --version | --help\n"
     "  site.json: {\"name\": \"site-a\", \"listen_address\": "
     "\"0.0.0.0:7001\",\n"
     "              \"workspace\": \"/var/lib/swarm\", \"tls_dir\": "
@@ -103,6 +108,9 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* flags) {
       }
     } else if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--version") {
+      std::fputs(VersionText("swarm-client").c_str(), stdout);
       return 0;
     } else {
       std::fprintf(stderr, "swarm-client: unknown argument %s\n%s", arg.c_str(),
@@ -216,6 +224,35 @@ void ConnectTrainerToJob(trainerlink::ExternalLearner* external,
   });
 }
 
+// Refuses a Configure of a job that already finished in this site's
+// workspace (its BEST or LAST is there) while the site does not hold that
+// job (e.g. after a restart: a finished job is not reloaded), unless the
+// request asks to run it again. The models stay untouched.
+absl::Status RefuseFinishedJob(const persist::Workspace& workspace,
+                               const SiteDriver& controller,
+                               const std::string& site,
+                               const v1::ConfigureRequest& request) {
+  const std::string& job_id = request.job().job_id();
+  if (request.rerun_finished() || !ValidateName("job_id", job_id).ok()) {
+    return absl::OkStatus();  // A bad name is refused by the usual checks.
+  }
+  std::optional<v1::JobConfig> held = controller.job();
+  if (held.has_value() && held->job_id() == job_id) return absl::OkStatus();
+  std::error_code error;
+  if (!std::filesystem::exists(workspace.BestModelPath(job_id), error) &&
+      !std::filesystem::exists(workspace.LastModelPath(job_id), error)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id, " already finished at site ", site,
+      "; its final models are in ",
+      std::filesystem::path(workspace.BestModelPath(job_id))
+          .parent_path()
+          .string(),
+      " (best.safetensors, last.safetensors). Give the job a new job_id, or "
+      "run it again over them with swarmctl start --rerun-finished"));
+}
+
 PeerServiceOptions ServiceOptionsFor(const v1::SiteConfig& config,
                                      bool insecure) {
   PeerServiceOptions options;
@@ -250,10 +287,14 @@ std::unique_ptr<grpc::Server> StartServer(
   const std::string host =
       config.listen_address().substr(0, config.listen_address().rfind(':'));
   LogEvent(LogSeverity::kInfo, "listening",
-           absl::StrFormat("site %s listening on %s:%d (workspace %s)",
-                           config.name(), host, port, config.workspace()),
+           absl::StrFormat(
+               "site %s listening on %s:%d (workspace %s; swarm-client %s, "
+               "wire protocol %s)",
+               config.name(), host, port, config.workspace(), BuildText(),
+               ProtocolText(OwnProtocolVersion())),
            {{"address", absl::StrCat(host, ":", port)},
-            {"workspace", config.workspace()}});
+            {"workspace", config.workspace()},
+            {"version", ReleaseVersion()}});
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
   return server;
@@ -465,6 +506,11 @@ int Run(int argc, char** argv) {
   observability.Serve(&service_options);
   service_options.forward_channels = &channels;
   service_options.verifier = credentials->verifier;
+  service_options.check_configure =
+      [&store, &controller, &config](const v1::ConfigureRequest& request) {
+        return RefuseFinishedJob(store.workspace(), controller, config->name(),
+                                 request);
+      };
   // Watching before serving: the History RPC reads the watcher.
   observability.Watch(&controller);
   PeerService service(&controller, std::move(service_options));

@@ -1,6 +1,9 @@
 // swarmctl: the operator CLI.
 //
-//   swarmctl start  --job job.json [--wait-healthy SECONDS]
+//   swarmctl init   --out DIR (--local N | --site NAME=HOST:PORT ...)
+//                   [--learner mlp|external|test]
+//   swarmctl start  --job job.json [--wait-healthy SECONDS] [--rerun-finished]
+//   swarmctl resume --job job.json
 //   swarmctl status --job job.json [--watch] [--interval-ms 500]
 //                   [--down-after-ms 30000]
 //   swarmctl abort  --job job.json [--reason TEXT]
@@ -12,6 +15,8 @@
 //   swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG] ...
 //   swarmctl report --job job.json --out DIR [--test-metric rounds.csv]
 //                   [--test-column test_accuracy] [--timeout-ms 5000]
+//
+//   swarmctl version | --version;  swarmctl COMMAND --help
 //
 // Every command but provision talks mTLS with an admin identity:
 // --tls-dir DIR (a folder made by provision: DIR/admins/<name>), or the
@@ -41,8 +46,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cli/init_project.h"
 #include "cli/k8s_manifests.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "config/job_config.h"
 #include "config/site_config.h"
 #include "config/validation.h"
@@ -83,33 +90,87 @@ __attribute__((format(printf, 1, 2))) void Complain(const char* format, ...) {
            warning ? "warning" : "error", message, {{"program", "swarmctl"}});
 }
 
-constexpr char kUsage[] =
-    "usage:\n"
-    "  swarmctl start  --job job.json [--wait-healthy SECONDS]\n"
-    "  swarmctl resume --job job.json   (after the sites restarted)\n"
-    "  swarmctl status --job job.json [--watch] [--interval-ms 500] "
-    "[--down-after-ms 30000]\n"
-    "      (--watch ends when every site is done (exit 0), or ended with "
-    "some failed\n"
-    "       or aborted (exit 1), or some are unreachable for --down-after-ms "
-    "and the\n"
-    "       others ended (exit 3))\n"
-    "  swarmctl abort  --job job.json [--reason TEXT]\n"
-    "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
-    "[--job-id ID]\n"
-    "  swarmctl provision --out DIR --job job.json [--admin NAME]... "
-    "[--site NAME]... [--no-sites]\n"
-    "  swarmctl health --site HOST:PORT [--server-name NAME] "
-    "[--timeout-ms 3000]\n"
-    "  swarmctl health --config site.json [--timeout-ms 3000]\n"
-    "  swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG]\n"
-    "      [--namespace NS] [--learner KIND] [--admin NAME] [--storage 1Gi]\n"
-    "      [--cpu-request 250m] [--cpu-limit 2] [--memory-request 256Mi]\n"
-    "      [--memory-limit 2Gi] [--wait-healthy 300]\n"
-    "  swarmctl report --job job.json --out DIR [--test-metric rounds.csv]\n"
-    "      [--test-column test_accuracy] [--timeout-ms 5000]\n"
+// One subcommand's usage: what `swarmctl CMD --help` prints.
+struct CommandHelp {
+  const char* name;
+  const char* usage;
+};
+
+constexpr CommandHelp kCommands[] = {
+    {"init",
+     "  swarmctl init --out DIR (--local N | --site NAME=HOST:PORT ... |\n"
+     "                --sites FILE) [--learner mlp|external|test]\n"
+     "                [--job-id ID] [--rounds N] [--admin NAME] [--force]\n"
+     "      writes DIR/job.json, DIR/<site>/site.json with its certificates,\n"
+     "      DIR/admins/<admin>, and prints the commands to run on each "
+     "machine\n"
+     "      (--sites FILE: one NAME=HOST:PORT a line; --force: write into an\n"
+     "       existing DIR)\n"},
+    {"start",
+     "  swarmctl start  --job job.json [--wait-healthy SECONDS] "
+     "[--rerun-finished]\n"
+     "      checks every site first (reachable, same wire protocol major\n"
+     "      version, not running another job, the job not finished or\n"
+     "      interrupted), then configures every site, then starts the job;\n"
+     "      --rerun-finished runs a finished job again over its final "
+     "models\n"},
+    {"resume",
+     "  swarmctl resume --job job.json   (after the sites restarted)\n"},
+    {"status",
+     "  swarmctl status --job job.json [--watch] [--changes-only]\n"
+     "                  [--interval-ms 500] [--down-after-ms 30000]\n"
+     "      (--watch ends when every site is done (exit 0), or ended with "
+     "some failed\n"
+     "       or aborted (exit 1), or some are unreachable for --down-after-ms "
+     "and the\n"
+     "       others ended (exit 3))\n"},
+    {"abort", "  swarmctl abort  --job job.json [--reason TEXT]\n"},
+    {"fetch",
+     "  swarmctl fetch  --site HOST:PORT --which best|last --out FILE "
+     "[--job-id ID]\n"},
+    {"provision",
+     "  swarmctl provision --out DIR --job job.json [--admin NAME]... "
+     "[--site NAME]... [--no-sites]\n"},
+    {"health",
+     "  swarmctl health --site HOST:PORT [--server-name NAME] "
+     "[--timeout-ms 3000]\n"
+     "  swarmctl health --config site.json [--timeout-ms 3000]\n"},
+    {"deploy",
+     "  swarmctl deploy k8s --job job.json --pki DIR --out DIR [--image IMG]\n"
+     "      [--namespace NS] [--learner KIND] [--admin NAME] [--storage 1Gi]\n"
+     "      [--cpu-request 250m] [--cpu-limit 2] [--memory-request 256Mi]\n"
+     "      [--memory-limit 2Gi] [--wait-healthy 300]\n"},
+    {"report",
+     "  swarmctl report --job job.json --out DIR [--test-metric rounds.csv]\n"
+     "      [--test-column test_accuracy] [--timeout-ms 5000]\n"},
+    {"version",
+     "  swarmctl version | --version   (release, git commit, wire "
+     "protocol)\n"},
+};
+
+constexpr char kCommonFlags[] =
     "common: --tls-dir DIR (admin identity; or $SWARM_TLS_DIR) | --insecure\n"
-    "        --log-format text|json (diagnostics on stderr; default text)\n";
+    "        --log-format text|json (diagnostics on stderr; default text)\n"
+    "        --help (after a command: that command's flags)\n";
+
+// The usage of every command.
+const char* UsageText() {
+  static const std::string* text = [] {
+    auto* all = new std::string("usage:\n");
+    for (const CommandHelp& command : kCommands) *all += command.usage;
+    *all += kCommonFlags;
+    return all;
+  }();
+  return text->c_str();
+}
+
+// The usage of `command`, or nullptr for an unknown command.
+const char* CommandUsage(const std::string& command) {
+  for (const CommandHelp& known : kCommands) {
+    if (command == known.name) return known.usage;
+  }
+  return nullptr;
+}
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(10);
 
@@ -130,7 +191,11 @@ struct Args {
   bool watch = false;
   bool insecure = false;
   bool changes_only = false;
-  bool no_sites = false;  // provision: admins only
+  bool no_sites = false;        // provision: admins only
+  bool help = false;            // --help: the command's usage
+  bool version = false;         // --version
+  bool rerun_finished = false;  // start: run a finished job again
+  bool force = false;           // init: write into an existing folder
 };
 
 // The channel credentials of this run (set once in Run).
@@ -159,6 +224,14 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.changes_only = true;
     } else if (arg == "--no-sites") {
       args.no_sites = true;
+    } else if (arg == "--help" || arg == "-h") {
+      args.help = true;
+    } else if (arg == "--version") {
+      args.version = true;
+    } else if (arg == "--rerun-finished") {
+      args.rerun_finished = true;
+    } else if (arg == "--force") {
+      args.force = true;
     } else if ((arg == "--admin" || arg == "--site") && i + 1 < argc) {
       args.lists[arg.substr(2)].push_back(argv[i + 1]);
       args.values[arg.substr(2)] = argv[++i];
@@ -225,30 +298,52 @@ absl::Status CheckHealth(const std::string& address,
   return absl::OkStatus();
 }
 
+// After a configure failed part-way: says that nothing was started, that
+// the sites configured so far only hold the job (a configure of the same
+// job is answered OK again), and that the same command can be run again.
+// Returns 1.
+int ConfiguredSoFar(const v1::JobConfig& job,
+                    const std::vector<std::string>& configured) {
+  Complain(
+      "swarmctl: job %s was not started on any site%s; fix the site named "
+      "above and run the same command again\n",
+      job.job_id().c_str(),
+      configured.empty()
+          ? ""
+          : absl::StrCat(" (", absl::StrJoin(configured, ", "),
+                         " hold its configuration and wait for the start)")
+                .c_str());
+  return 1;
+}
+
 // Sends `job` to every site (a site already running this very job answers
 // OK). Returns the exit code: 0, or 1 naming the site that refused.
-int ConfigureAll(const v1::JobConfig& job) {
+int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
+  std::vector<std::string> configured;
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
     v1::ConfigureRequest request;
     request.set_sender(Sender());
     *request.mutable_job() = job;
+    *request.mutable_protocol() = OwnProtocolVersion();
+    request.set_rerun_finished(rerun_finished);
     v1::Reply reply;
     grpc::Status status =
         StubFor(site.address())->Configure(&context, request, &reply);
     if (!status.ok()) {
       Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
                status.error_message().c_str());
-      return 1;
+      return ConfiguredSoFar(job, configured);
     }
     if (reply.outcome() != v1::OUTCOME_OK) {
       Complain(
           "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
           v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
-      return 1;
+      return ConfiguredSoFar(job, configured);
     }
     std::printf("configured %s\n", SiteLabel(site).c_str());
+    configured.push_back(site.name());
   }
   return 0;
 }
@@ -300,6 +395,156 @@ int SendStart(const v1::JobConfig& job, const v1::SiteInfo& to, bool resume,
   return 1;
 }
 
+std::string StateName(v1::SiteState state) {
+  std::string name = v1::SiteState_Name(state);
+  const std::string prefix = "SITE_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(c));
+  return name;
+}
+
+// What one site answered to a Status call (any job) before a start.
+struct SiteProbe {
+  v1::SiteInfo site;
+  grpc::Status rpc;
+  v1::StatusReply reply;
+};
+
+bool IsTerminal(v1::SiteState state) {
+  return state == v1::SITE_STATE_DONE || state == v1::SITE_STATE_FAILED ||
+         state == v1::SITE_STATE_ABORTED;
+}
+
+// Status of every site of `job` at once (whatever job it runs).
+std::vector<SiteProbe> ProbeSites(const v1::JobConfig& job,
+                                  absl::Duration timeout) {
+  std::vector<SiteProbe> probes(job.sites_size());
+  std::vector<std::thread> calls;
+  for (int i = 0; i < job.sites_size(); ++i) {
+    probes[i].site = job.sites(i);
+    calls.emplace_back([&probes, i, timeout] {
+      grpc::ClientContext context;
+      SetDeadline(&context, timeout);
+      v1::StatusRequest request;
+      request.set_sender(Sender());
+      probes[i].rpc = StubFor(probes[i].site.address())
+                          ->Status(&context, request, &probes[i].reply);
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  return probes;
+}
+
+// Refuses the start when a site does not answer or speaks another wire
+// protocol major version; names each site and its version. Returns 1 or 0.
+int CheckReachableAndCompatible(const v1::JobConfig& job,
+                                const std::vector<SiteProbe>& probes) {
+  std::vector<std::string> down;
+  bool mixed = false;
+  std::string versions;
+  for (const SiteProbe& probe : probes) {
+    // A peer without the Status call (not a swarm-client) answers
+    // UNIMPLEMENTED: it is there; it sent no version (1.0).
+    if (!probe.rpc.ok() &&
+        probe.rpc.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      down.push_back(absl::StrCat(
+          SiteLabel(probe.site), ": ",
+          probe.rpc.error_message().empty()
+              ? absl::StrCat("gRPC status ", probe.rpc.error_code())
+              : probe.rpc.error_message()));
+      continue;
+    }
+    const v1::ProtocolVersion version =
+        PeerProtocolVersion(probe.reply.protocol(), probe.reply.has_protocol());
+    mixed |= !CheckProtocolCompatible(version, "").ok();
+    absl::StrAppend(
+        &versions, "  ", SiteLabel(probe.site), ": wire protocol ",
+        ProtocolText(version),
+        probe.reply.build().empty()
+            ? " (a release older than the version exchange)"
+            : absl::StrCat(" (swarm-client ", probe.reply.build(), ")"),
+        "\n");
+  }
+  if (!down.empty()) {
+    Complain(
+        "swarmctl: did not start job %s: nothing was changed on any site; "
+        "these sites do not answer:\n  %s\nstart them (or correct their "
+        "address in the job config) and run the same command again\n",
+        job.job_id().c_str(), absl::StrJoin(down, "\n  ").c_str());
+    return 1;
+  }
+  if (mixed) {
+    Complain(
+        "swarmctl: did not start job %s: its sites speak different wire "
+        "protocol major versions (nothing was changed on any site):\n%s  "
+        "swarmctl: wire protocol %s (%s)\nonly one major version works "
+        "together: upgrade the sites that differ (docs/design.md, "
+        "\"Compatibility\")\n",
+        job.job_id().c_str(), versions.c_str(),
+        ProtocolText(OwnProtocolVersion()).c_str(), BuildText().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// Refuses to start over what a site holds: another job still running, this
+// job finished (its final models; unless --rerun-finished) or interrupted
+// by a restart (use resume). Returns 1 or 0.
+int CheckJobStates(const Args& args, const v1::JobConfig& job,
+                   const std::vector<SiteProbe>& probes) {
+  std::vector<std::string> finished, rejoined, busy;
+  int64_t resume_round = -1;
+  for (const SiteProbe& probe : probes) {
+    const v1::SiteStatus& s = probe.reply.status();
+    if (s.job_id() != job.job_id()) {
+      if (!s.job_id().empty() && !IsTerminal(s.state()) &&
+          s.state() != v1::SITE_STATE_IDLE) {
+        busy.push_back(absl::StrCat(SiteLabel(probe.site), " runs job ",
+                                    s.job_id(), " (", StateName(s.state()),
+                                    ", round ", s.round(), ")"));
+      }
+      continue;
+    }
+    if (s.state() == v1::SITE_STATE_DONE) finished.push_back(probe.site.name());
+    if (s.rejoined() && !IsTerminal(s.state())) {
+      rejoined.push_back(probe.site.name());
+      resume_round = std::max(resume_round, s.global_round());
+    }
+  }
+  const std::string file = args.values.at("job");
+  if (!busy.empty()) {
+    Complain(
+        "swarmctl: did not start job %s (nothing was changed): %s; abort "
+        "that job first (swarmctl abort with its job config) or wait until "
+        "it ends\n",
+        job.job_id().c_str(), absl::StrJoin(busy, "; ").c_str());
+    return 1;
+  }
+  if (!rejoined.empty()) {
+    Complain(
+        "swarmctl: did not start job %s: it was interrupted, and %s "
+        "restarted and reloaded it (nothing was changed); continue it with\n"
+        "  swarmctl resume --job %s\n(it resumes from the global model of "
+        "round %lld)\n",
+        job.job_id().c_str(), absl::StrJoin(rejoined, ", ").c_str(),
+        file.c_str(), static_cast<long long>(resume_round));
+    return 1;
+  }
+  if (!finished.empty() && !args.rerun_finished) {
+    Complain(
+        "swarmctl: did not start job %s: it already finished on %s, and its "
+        "final models are there (<workspace>/%s/best.safetensors and "
+        "last.safetensors on each site; nothing was changed). Fetch them "
+        "with\n  swarmctl fetch --site %s --which best --out best.safetensors"
+        "\nTo train again, give the job a new job_id, or pass "
+        "--rerun-finished to run it afresh over those models.\n",
+        job.job_id().c_str(), absl::StrJoin(finished, ", ").c_str(),
+        job.job_id().c_str(), job.sites(0).address().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int Start(const Args& args) {
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
   if (!job.ok()) {
@@ -331,7 +576,15 @@ int Start(const Args& args) {
       std::printf("%s is serving\n", SiteLabel(site).c_str());
     }
   }
-  if (int code = ConfigureAll(*job); code != 0) return code;
+  // Everything is checked on every site before anything changes on any.
+  const std::vector<SiteProbe> probes = ProbeSites(*job, kCallTimeout);
+  if (int code = CheckReachableAndCompatible(*job, probes); code != 0) {
+    return code;
+  }
+  if (int code = CheckJobStates(args, *job, probes); code != 0) return code;
+  if (int code = ConfigureAll(*job, args.rerun_finished); code != 0) {
+    return code;
+  }
   const v1::SiteInfo& starter = *FindSite(*job, job->starting_site());
   return SendStart(*job, starter, /*resume=*/false,
                    absl::StrCat("started on ", SiteLabel(starter)));
@@ -391,13 +644,7 @@ int Resume(const Args& args) {
       absl::StrCat("resumed at round ", latest, " from ", SiteLabel(*from)));
 }
 
-std::string StateName(v1::SiteState state) {
-  std::string name = v1::SiteState_Name(state);
-  const std::string prefix = "SITE_STATE_";
-  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
-  for (char& c : name) c = static_cast<char>(std::tolower(c));
-  return name;
-}
+constexpr char kStatusRow[] = "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n";
 
 // One pass over every site: the status table and how many sites are done or
 // have failed (unreachable, failed or aborted).
@@ -406,9 +653,21 @@ struct StatusTable {
   int done = 0;
   int failed = 0;  // Failed or aborted.
   std::vector<std::string> unreachable;
+  // Sites that answer but run another job or none.
+  std::vector<std::string> elsewhere;
 };
 
-constexpr char kStatusRow[] = "%-12s %-22s %-12s %5s %-12s %-8s %-8s %s\n";
+// The row of a site that answers but does not run `job_id`: what it runs.
+std::string ElsewhereRow(const std::string& name, const v1::SiteStatus& s) {
+  if (s.job_id().empty()) {
+    return absl::StrFormat(kStatusRow, name, "no job", "-", "-", "-", "-", "-",
+                           "this site holds no job (not configured)");
+  }
+  return absl::StrFormat(
+      kStatusRow, name, absl::StrCat("runs job ", s.job_id()), "-",
+      absl::StrCat(s.round()), "-", "-", "-",
+      absl::StrCat("another job (", StateName(s.state()), "), not this one"));
+}
 
 std::string StatusRow(const std::string& name, const v1::SiteStatus& s) {
   std::string role = s.role().trainer() ? "trainer" : "";
@@ -479,8 +738,7 @@ StatusTable PollStatus(
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
     SetDeadline(&context, absl::Seconds(3));
-    v1::StatusRequest request;
-    request.set_job_id(job.job_id());
+    v1::StatusRequest request;  // Any job: a site running another says so.
     request.set_sender(Sender());
     v1::StatusReply reply;
     grpc::Status status =
@@ -492,6 +750,11 @@ StatusTable PollStatus(
       continue;
     }
     const v1::SiteStatus& s = reply.status();
+    if (s.job_id() != job.job_id()) {
+      table.text += ElsewhereRow(site.name(), s);
+      table.elsewhere.push_back(site.name());
+      continue;
+    }
     table.text += StatusRow(site.name(), s);
     table.text += StatusEvents(site.name(), s);
     if (s.state() == v1::SITE_STATE_DONE) ++table.done;
@@ -547,10 +810,18 @@ int Status(const Args& args) {
     }
     const int sites = job->sites_size();
     const int unreachable = static_cast<int>(table.unreachable.size());
-    if (!args.watch) return table.failed + unreachable > 0 ? 1 : 0;
+    const int elsewhere = static_cast<int>(table.elsewhere.size());
+    if (!args.watch) return table.failed + unreachable + elsewhere > 0 ? 1 : 0;
     if (table.done == sites) {
       std::printf("job %s done on every site\n", job->job_id().c_str());
       return 0;
+    }
+    if (elsewhere > 0 &&
+        table.done + table.failed + down + elsewhere == sites) {
+      std::printf("job %s ended on its sites; %d site(s) do not run it: %s\n",
+                  job->job_id().c_str(), elsewhere,
+                  absl::StrJoin(table.elsewhere, ", ").c_str());
+      return 1;
     }
     if (table.done + table.failed + down == sites) {
       if (table.failed > 0) {
@@ -602,10 +873,35 @@ int Abort(const Args& args) {
   return failures > 0 ? 1 : 0;
 }
 
+// After a failed fetch: when the site still runs `job_id`, says so, with its
+// round and state (the final models exist once the job is done there).
+void ExplainUnfinished(v1::Peer::Stub* stub, const std::string& job_id,
+                       const std::string& address) {
+  grpc::ClientContext context;
+  SetDeadline(&context, kCallTimeout);
+  v1::StatusRequest request;
+  request.set_sender(Sender());
+  v1::StatusReply reply;
+  if (!stub->Status(&context, request, &reply).ok()) return;
+  const v1::SiteStatus& s = reply.status();
+  if (s.job_id() != job_id) {
+    Complain("swarmctl: site %s holds %s, not job %s\n", address.c_str(),
+             s.job_id().empty() ? "no job"
+                                : absl::StrCat("job ", s.job_id()).c_str(),
+             job_id.c_str());
+    return;
+  }
+  if (IsTerminal(s.state())) return;
+  Complain(
+      "swarmctl: job %s is still running on site %s (round %u, %s): its "
+      "final models are there once it is done (swarmctl status --watch)\n",
+      job_id.c_str(), address.c_str(), s.round(), StateName(s.state()).c_str());
+}
+
 int Fetch(const Args& args) {
   for (const char* required : {"site", "which", "out"}) {
     if (args.values.count(required) == 0) {
-      Complain("swarmctl: fetch needs --%s\n%s", required, kUsage);
+      Complain("swarmctl: fetch needs --%s\n%s", required, UsageText());
       return 2;
     }
   }
@@ -650,6 +946,7 @@ int Fetch(const Args& args) {
   if (!model.ok()) {
     Complain("swarmctl: fetching %s from site %s: %s\n", which.c_str(),
              address.c_str(), std::string(model.status().message()).c_str());
+    ExplainUnfinished(stub.get(), job_id, address);
     return 1;
   }
   std::printf("wrote %s (%zu tensors, %llu bytes) from site %s\n",
@@ -659,9 +956,70 @@ int Fetch(const Args& args) {
   return 0;
 }
 
+// The path of a program beside this one (as built, cli/; as installed, the
+// same bin folder), or its bare name when it is not there.
+std::string ProgramBesideMe(const std::string& name) {
+  std::error_code error;
+  const std::filesystem::path me =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return name;
+  const std::filesystem::path beside = me.parent_path() / name;
+  return std::filesystem::exists(beside, error) ? beside.string() : name;
+}
+
+// swarmctl init (cli/init_project.h): exit 0, 2 for bad usage or an existing
+// folder (named; nothing written), 1 when writing failed.
+int Init(const Args& args) {
+  InitOptions options;
+  const std::map<std::string, std::string*> strings = {
+      {"out", &options.out},
+      {"learner", &options.learner},
+      {"job-id", &options.job_id}};
+  for (const auto& [flag, value] : strings) {
+    if (args.values.count(flag) > 0) *value = args.values.at(flag);
+  }
+  const std::map<std::string, int*> numbers = {{"local", &options.local},
+                                               {"rounds", &options.rounds}};
+  for (const auto& [flag, value] : numbers) {
+    if (args.values.count(flag) > 0 &&
+        (!absl::SimpleAtoi(args.values.at(flag), value) || *value < 1)) {
+      Complain("swarmctl: init: --%s must be a positive integer, not %s\n",
+               flag.c_str(), args.values.at(flag).c_str());
+      return 2;
+    }
+  }
+  if (args.lists.count("admin") > 0) options.admin = args.lists.at("admin")[0];
+  if (args.lists.count("site") > 0) options.sites = args.lists.at("site");
+  if (args.values.count("sites") > 0) {
+    absl::StatusOr<std::vector<std::string>> listed =
+        ReadSitesFile(args.values.at("sites"));
+    if (!listed.ok()) {
+      Complain("swarmctl: init: %s\n",
+               std::string(listed.status().message()).c_str());
+      return 2;
+    }
+    options.sites.insert(options.sites.end(), listed->begin(), listed->end());
+  }
+  options.force = args.force;
+  options.swarmctl = ProgramBesideMe("swarmctl");
+  options.swarm_client = ProgramBesideMe("swarm-client");
+  absl::StatusOr<std::string> commands = InitProject(options);
+  if (!commands.ok()) {
+    Complain("swarmctl: init: %s\n",
+             std::string(commands.status().message()).c_str());
+    const absl::StatusCode code = commands.status().code();
+    return code == absl::StatusCode::kInvalidArgument ||
+                   code == absl::StatusCode::kAlreadyExists
+               ? 2
+               : 1;
+  }
+  std::fputs(commands->c_str(), stdout);
+  return 0;
+}
+
 int Provision(const Args& args) {
   if (args.values.count("out") == 0) {
-    Complain("swarmctl: provision needs --out DIR\n%s", kUsage);
+    Complain("swarmctl: provision needs --out DIR\n%s", UsageText());
     return 2;
   }
   absl::StatusOr<v1::JobConfig> job = LoadJob(args);
@@ -703,7 +1061,7 @@ int Health(const Args& args) {
     Complain(
         "swarmctl: health needs one of --site HOST:PORT or --config "
         "site.json\n%s",
-        kUsage);
+        UsageText());
     return 2;
   }
   int timeout_ms = 3000;
@@ -771,12 +1129,12 @@ int Health(const Args& args) {
 // issuing the certificates into --pki.
 int DeployK8s(const Args& args) {
   if (args.subcommand != "k8s") {
-    Complain("swarmctl: deploy supports only k8s\n%s", kUsage);
+    Complain("swarmctl: deploy supports only k8s\n%s", UsageText());
     return 2;
   }
   for (const char* required : {"pki", "out"}) {
     if (args.values.count(required) == 0) {
-      Complain("swarmctl: deploy k8s needs --%s\n%s", required, kUsage);
+      Complain("swarmctl: deploy k8s needs --%s\n%s", required, UsageText());
       return 2;
     }
   }
@@ -848,7 +1206,7 @@ int Report(const Args& args) {
     return 2;
   }
   if (args.values.count("out") == 0) {
-    Complain("swarmctl: report needs --out DIR\n%s", kUsage);
+    Complain("swarmctl: report needs --out DIR\n%s", UsageText());
     return 2;
   }
   int timeout_ms = 5000;
@@ -953,6 +1311,29 @@ int ChooseCredentials(const Args& args) {
   return 0;
 }
 
+// --version, --help, `help [COMMAND]` and `version`: the exit code, or -1
+// when the command is something else.
+int HelpOrVersion(const Args& args) {
+  const std::string& command = args.command;
+  if (args.version || command == "--version" ||
+      (command == "version" && !args.help)) {
+    std::fputs(VersionText("swarmctl").c_str(), stdout);
+    return 0;
+  }
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::fputs(UsageText(), stdout);
+    return 0;
+  }
+  if (!args.help) return -1;
+  const char* usage = CommandUsage(command);
+  if (usage == nullptr) {
+    Complain("swarmctl: unknown command %s\n%s", command.c_str(), UsageText());
+    return 2;
+  }
+  std::printf("usage:\n%s%s", usage, kCommonFlags);
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   absl::StatusOr<Args> args = ParseArgs(argc, argv);
   if (args.ok() && args->values.count("log-format") > 0) {
@@ -968,9 +1349,11 @@ int Run(int argc, char** argv) {
   }
   if (!args.ok()) {
     Complain("swarmctl: %s\n%s", std::string(args.status().message()).c_str(),
-             kUsage);
+             UsageText());
     return 2;
   }
+  if (int code = HelpOrVersion(*args); code >= 0) return code;
+  if (args->command == "init") return Init(*args);
   if (args->command == "provision") return Provision(*args);
   if (args->command == "deploy") return DeployK8s(*args);
   if (args->command == "start" || args->command == "resume" ||
@@ -985,11 +1368,8 @@ int Run(int argc, char** argv) {
   if (args->command == "fetch") return Fetch(*args);
   if (args->command == "health") return Health(*args);
   if (args->command == "report") return Report(*args);
-  if (args->command == "help" || args->command == "--help") {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  Complain("swarmctl: unknown command %s\n%s", args->command.c_str(), kUsage);
+  Complain("swarmctl: unknown command %s\n%s", args->command.c_str(),
+           UsageText());
   return 2;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/storage_error.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/aggregator_test_util.h"
 #include "gtest/gtest.h"
@@ -294,6 +295,28 @@ TEST(CoordinateTest, FilesGoAwayWithTheAggregatorAndUnusedSinkResults) {
   }
   // Destroyed without Finish.
   EXPECT_EQ(offload.CountFiles(), 0);
+}
+
+// A result held in memory (the aggregator's own, with disk offload) that
+// the offload disk cannot hold is a storage error, so that the site fails
+// and its trainers take their results elsewhere (ABORTED), never RETRY.
+TEST(CoordinateTest, AnOwnResultTheOffloadDiskCannotHoldIsAStorageError) {
+  TempDir dir;
+  const std::string offload = dir.path() + "/offload";
+  const std::vector<TensorSpec> specs = MixedSpecs();
+  std::shared_ptr<const Model> base = Shared(RandomModel(specs, 1));
+  AggregatorOptions options;
+  options.method = v1::AGGREGATION_MEDIAN;
+  options.offload_dir = offload;
+  auto aggregator = Aggregator::Create(options, base);
+  ASSERT_TRUE(aggregator.ok());
+  std::filesystem::remove_all(offload);  // The disk under it went away.
+  Model result = RandomModel(specs, 2);
+  absl::Status added =
+      (*aggregator)->Add(result, 1, v1::PAYLOAD_KIND_FULL_WEIGHTS);
+  EXPECT_TRUE(IsStorageError(added)) << added;
+  EXPECT_NE(added.message().find(offload), std::string::npos) << added;
+  EXPECT_EQ((*aggregator)->num_added(), 0);
 }
 
 }  // namespace

@@ -104,12 +104,16 @@ absl::Status ResultFiles::Add(const Model& result, int64_t sample_count,
     stored.owned = verified->file();
     stored.offsets = StorageOffsets(result);
   } else {
+    // A result held in memory (e.g. this site's own) is written to the
+    // offload directory: a failure there is this site's disk, not the
+    // result (common/storage_error.h), so it is never answered RETRY.
     stored.owned = std::make_shared<OffloadFile>(shared_->NewOffloadPath());
     stored.path = stored.owned->path();
-    SWARM_RETURN_IF_ERROR(result.SaveSafetensors(stored.path));
-    SWARM_ASSIGN_OR_RETURN(Model saved, Model::LoadSafetensors(stored.path));
+    SWARM_RETURN_IF_ERROR(AsStorageError(result.SaveSafetensors(stored.path)));
+    absl::StatusOr<Model> saved = Model::LoadSafetensors(stored.path);
+    if (!saved.ok()) return AsStorageError(saved.status());
     SWARM_ASSIGN_OR_RETURN(Model view,
-                           ViewInBaseOrder(shared_->base->specs(), saved));
+                           ViewInBaseOrder(shared_->base->specs(), *saved));
     stored.offsets = StorageOffsets(view);
   }
   Commit(std::move(stored), sample_count);

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
 #include "controller/replies.h"
@@ -165,6 +166,24 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         grpc::Status allowed = Authorize(context, "Configure", Rule::kAdmin,
                                          request->sender(), &slot);
         if (!allowed.ok()) return allowed;
+        // A sender of another wire protocol major version is refused before
+        // the job is looked at (common/version.h).
+        absl::Status compatible = CheckProtocolCompatible(
+            PeerProtocolVersion(request->protocol(), request->has_protocol()),
+            absl::StrCat("sender ", request->sender()));
+        if (!compatible.ok()) {
+          reply->set_outcome(v1::OUTCOME_BAD_REQUEST);
+          reply->set_message(std::string(compatible.message()));
+          return grpc::Status::OK;
+        }
+        if (options_.check_configure) {
+          absl::Status allowed_here = options_.check_configure(*request);
+          if (!allowed_here.ok()) {
+            reply->set_outcome(v1::OUTCOME_REJECTED);
+            reply->set_message(std::string(allowed_here.message()));
+            return grpc::Status::OK;
+          }
+        }
         *reply = controller_->Configure(*request);
         return grpc::Status::OK;
       });
@@ -1001,6 +1020,8 @@ grpc::ServerUnaryReactor* PeerService::Status(
       std::move(slot), deadline,
       [this, request, reply](bool last) {
         *reply = controller_->Status();
+        *reply->mutable_protocol() = OwnProtocolVersion();
+        reply->set_build(BuildText());
         return last || reply->version() != request->known_version();
       },
       [this, request](absl::Time until, std::function<void()> wake) {

@@ -69,6 +69,10 @@ struct PeerServiceOptions {
   // another site (security/model_signature.h). With TLS and no verifier,
   // such a task is refused.
   std::shared_ptr<const security::ModelSignatureVerifier> verifier;
+  // Checked before the site takes a Configure (the daemon: not over a job
+  // that finished in its workspace); a non-OK answer refuses it (REJECTED)
+  // with its message. Optional.
+  std::function<absl::Status(const v1::ConfigureRequest&)> check_configure;
 };
 
 class StreamWatchdog;

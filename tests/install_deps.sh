@@ -11,6 +11,9 @@ SWARM_PACKAGES=(
   libeigen3-dev zlib1g-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy dataset-fashion-mnist
   python3-grpcio python3-protobuf
+  # pip install ./python (offline: Debian's setuptools, a venv with the
+  # system's packages).
+  python3-setuptools python3-venv python3-pip
   libmicrohttpd-dev
   # The metrics integration test runs a real Prometheus server (its own port
   # and storage in a temporary folder; the packaged service is not used).

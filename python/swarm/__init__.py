@@ -13,6 +13,10 @@ Tensors are NumPy arrays (mapped from the daemon's file without a copy);
 `swarm.torch` converts to and from PyTorch state dicts when torch is
 installed.
 """
+try:
+    from ._version import __version__  # Written by the build or pip install.
+except ImportError:  # The bare source tree: no generated files.
+    __version__ = "unknown"
 from .errors import (AttachRefused, LinkError, ResultRejected, SwarmError,
                      TaskCancelled, TensorMismatch)
 from .link import PROTOCOL_VERSION, SOCKET_ENV, Site, Task, connect
@@ -22,7 +26,7 @@ __all__ = [
     "AttachRefused", "BF16", "LinkError", "PROTOCOL_VERSION", "Raw",
     "ResultRejected", "SOCKET_ENV", "Site", "SwarmError", "Task",
     "TaskCancelled", "TensorMismatch", "bf16_to_float32", "connect",
-    "float32_to_bf16", "torch",
+    "__version__", "float32_to_bf16", "torch",
 ]
 
 

@@ -641,13 +641,14 @@ TEST(SiteRefusalTest, SecondJobWhileOneRuns) {
           .ok())
       << swarm.Logs();
 
-  // Through swarmctl: exit 1, naming the site and why.
+  // Through swarmctl: exit 1 before any site is configured, naming the
+  // sites, the job they run and what to do.
   CommandResult refused = swarm.Swarmctl({"start", "--job", second_path});
   EXPECT_EQ(refused.code(), 1) << refused.ToString();
   EXPECT_THAT(refused.err,
-              AllOf(HasSubstr("site site-a ("), HasSubstr("refused the job"),
-                    HasSubstr("site site-a is running job job-1")));
-  EXPECT_THAT(refused.out, Not(HasSubstr("started")));
+              AllOf(HasSubstr("site site-a ("), HasSubstr("runs job job-1"),
+                    HasSubstr("site site-b ("), HasSubstr("abort that job")));
+  EXPECT_THAT(refused.out, Not(HasSubstr("configured")));
   // Directly: each site refuses on its own.
   for (const std::string site : {"site-a", "site-b"}) {
     v1::Reply reply = Configure(swarm, site, second);

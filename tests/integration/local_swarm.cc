@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "config/site_config.h"
 #include "gtest/gtest.h"
 #include "tests/support/daemon.h"
 
@@ -181,13 +182,11 @@ absl::Status LocalSwarm::RestartSite(const std::string& name, bool kill) {
   if (it == sites_.end()) {
     return absl::NotFoundError(absl::StrCat("no site ", name));
   }
-  v1::SiteConfig config;
-  const std::string json = ReadFileOrEmpty(it->second.config_path);
-  if (!google::protobuf::util::JsonStringToMessage(json, &config).ok()) {
-    return absl::InternalError(
-        absl::StrCat("cannot read back ", it->second.config_path));
-  }
-  config.set_listen_address(it->second.address);
+  absl::StatusOr<v1::SiteConfig> config =
+      LoadSiteConfig(it->second.config_path);
+  if (!config.ok()) return config.status();
+  config->set_listen_address(it->second.address);
+  config->clear_tls_dir();  // Set again by StartSiteWithConfig.
   Process& process = *it->second.process;
   if (kill) {
     process.Kill();
@@ -204,7 +203,7 @@ absl::Status LocalSwarm::RestartSite(const std::string& name, bool kill) {
   }
   sites_.erase(it);
   names_.erase(std::find(names_.begin(), names_.end(), name));
-  return StartSiteWithConfig(name, std::move(config));
+  return StartSiteWithConfig(name, *std::move(config));
 }
 
 std::string LocalSwarm::Workspace(const std::string& name) const {

@@ -91,9 +91,10 @@ class LocalSwarm {
   // listen address unless the config has one.
   absl::Status StartSiteWithSiteConfig(const std::string& name,
                                        v1::SiteConfig config);
-  // Stops `name` (SIGKILL when `kill`, else SIGTERM and a clean exit) and
-  // starts it again with its config and workspace on the same address.
-  absl::Status RestartSite(const std::string& name, bool kill);
+  // Stops `name` (SIGKILL when `kill`, as a power cut; else SIGTERM and a
+  // clean exit) and starts it again with the same config, workspace and
+  // port (the job config's address stays valid).
+  absl::Status RestartSite(const std::string& name, bool kill = true);
   // <dir>/ws-<name>: the workspace a site gets.
   std::string Workspace(const std::string& name) const;
   SiteProcess& site(const std::string& name);

@@ -1,0 +1,357 @@
+// Operator mistakes against real daemons (issue 34): each is refused before
+// anything changes, saying what to do instead, and loses nothing.
+//   - start of a finished job (its final models are kept);
+//   - start after every site restarted (names swarmctl resume);
+//   - start with a site down or frozen (nothing configured anywhere; the
+//     same command works once the site is back);
+//   - status and fetch while the sites run another job or this one;
+//   - sites of another wire protocol major version (a simulated peer), and
+//     a peer older than the version exchange, which keeps working.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rpc/tls.h"
+#include "tests/integration/local_swarm.h"
+
+namespace swarm::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+absl::Time Deadline(absl::Duration d) { return absl::Now() + d * TimeScale(); }
+
+v1::JobConfig JobOf(LocalSwarm& swarm, const std::string& job_id,
+                    const std::vector<std::string>& sites, uint32_t rounds) {
+  v1::JobConfig job;
+  job.set_job_id(job_id);
+  for (const std::string& name : sites) *job.add_sites() = swarm.Info(name);
+  job.set_num_rounds(rounds);
+  job.set_seed(7);
+  job.set_metric_name("accuracy");
+  return job;
+}
+
+// The site's status for any job (job_id empty: none).
+v1::SiteStatus StatusOf(LocalSwarm& swarm, const std::string& site) {
+  absl::StatusOr<v1::StatusReply> reply = swarm.Status(site);
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  return reply.ok() ? reply->status() : v1::SiteStatus();
+}
+
+// Waits until `site` reports round >= `round` of its job.
+void WaitForRound(LocalSwarm& swarm, const std::string& site, uint32_t round) {
+  const absl::Time deadline = Deadline(absl::Seconds(60));
+  while (StatusOf(swarm, site).round() < round) {
+    ASSERT_LT(absl::Now(), deadline) << swarm.Logs();
+    absl::SleepFor(absl::Milliseconds(50));  // polling a real daemon
+  }
+}
+
+const std::map<std::string, std::string> kSlow = {{"size", "256"},
+                                                  {"train_ms", "150"}};
+
+TEST(OperatorTest, AFinishedJobIsNotRunAgainOverItsModels) {
+  LocalSwarm swarm("operator_finished");
+  for (const char* name : {"site-a", "site-b"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const std::string job = swarm.WriteJob(
+      JobOf(swarm, "finished-1", {"site-a", "site-b"}, /*rounds=*/2));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  ASSERT_TRUE(swarm.WaitAllDone("finished-1", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+  const std::string best =
+      swarm.Workspace("site-a") + "/finished-1/best.safetensors";
+  absl::StatusOr<std::string> before = ReadBytes(best);
+  ASSERT_TRUE(before.ok()) << before.status();
+  struct stat first {};
+  ASSERT_EQ(stat(best.c_str(), &first), 0);
+
+  const CommandResult again = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(again.code(), 1) << again.ToString();
+  EXPECT_THAT(again.err, HasSubstr("job finished-1: it already finished"));
+  EXPECT_THAT(again.err, HasSubstr("finished-1/best.safetensors"));
+  EXPECT_THAT(again.err, HasSubstr("swarmctl fetch --site"));
+  EXPECT_THAT(again.err, HasSubstr("--rerun-finished"));
+  EXPECT_THAT(again.out, Not(HasSubstr("configured")));
+  EXPECT_EQ(StatusOf(swarm, "site-a").state(), v1::SITE_STATE_DONE);
+  EXPECT_EQ(StatusOf(swarm, "site-b").state(), v1::SITE_STATE_DONE);
+  absl::SleepFor(absl::Milliseconds(300));  // nothing may touch the model
+  struct stat second {};
+  ASSERT_EQ(stat(best.c_str(), &second), 0);
+  EXPECT_EQ(first.st_mtim.tv_nsec, second.st_mtim.tv_nsec);
+  EXPECT_EQ(first.st_mtim.tv_sec, second.st_mtim.tv_sec);
+  EXPECT_EQ(*ReadBytes(best), *before);
+}
+
+// After the sites restarted, a finished job is not held in memory any more;
+// its final models on disk still keep it from being run over.
+TEST(OperatorTest, AFinishedJobIsNotRunAgainAfterTheSitesRestarted) {
+  LocalSwarm swarm("operator_finished_restart");
+  for (const char* name : {"site-a", "site-b"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const std::string job = swarm.WriteJob(
+      JobOf(swarm, "finished-2", {"site-a", "site-b"}, /*rounds=*/2));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  ASSERT_TRUE(swarm.WaitAllDone("finished-2", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+  const std::string last =
+      swarm.Workspace("site-a") + "/finished-2/last.safetensors";
+  absl::StatusOr<std::string> before = ReadBytes(last);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-b").ok()) << swarm.Logs();
+
+  const CommandResult again = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(again.code(), 1) << again.ToString();
+  EXPECT_THAT(again.err,
+              HasSubstr("job finished-2 already finished at site site-a"));
+  EXPECT_THAT(again.err, HasSubstr(swarm.Workspace("site-a") + "/finished-2"));
+  EXPECT_THAT(again.err, HasSubstr("--rerun-finished"));
+  EXPECT_THAT(again.out, Not(HasSubstr("started")));
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
+  EXPECT_EQ(*ReadBytes(last), *before);
+
+  // Asked for explicitly, it runs again.
+  const CommandResult rerun =
+      swarm.Swarmctl({"start", "--job", job, "--rerun-finished"});
+  EXPECT_EQ(rerun.code(), 0) << rerun.ToString() << swarm.Logs();
+  EXPECT_TRUE(swarm.WaitAllDone("finished-2", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+}
+
+TEST(OperatorTest, StartAfterEverySiteRestartedNamesResume) {
+  LocalSwarm swarm("operator_restart");
+  for (const char* name : {"site-a", "site-b"}) {
+    ASSERT_TRUE(swarm.StartSite(name, kSlow).ok());
+  }
+  const std::string job = swarm.WriteJob(
+      JobOf(swarm, "restart-1", {"site-a", "site-b"}, /*rounds=*/200));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  WaitForRound(swarm, "site-a", 3);
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-b").ok()) << swarm.Logs();
+
+  const CommandResult start = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(start.code(), 1) << start.ToString();
+  EXPECT_THAT(start.err, HasSubstr("job restart-1: it was interrupted"));
+  EXPECT_THAT(start.err,
+              HasSubstr(absl::StrCat("swarmctl resume --job ", job)));
+  EXPECT_THAT(start.err, HasSubstr("resumes from the global model of round"));
+  // The hint works as written.
+  const CommandResult resume = swarm.Swarmctl({"resume", "--job", job});
+  EXPECT_EQ(resume.code(), 0) << resume.ToString() << swarm.Logs();
+  EXPECT_EQ(swarm.Swarmctl({"abort", "--job", job}).code(), 0);
+}
+
+TEST(OperatorTest, AStartWithASiteDownOrFrozenChangesNothing) {
+  LocalSwarm swarm("operator_partial");
+  for (const char* name : {"site-a", "site-b", "site-c"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const std::string job = swarm.WriteJob(
+      JobOf(swarm, "partial-1", {"site-a", "site-b", "site-c"}, /*rounds=*/2));
+  // site-c frozen: it takes connections and answers nothing.
+  ASSERT_EQ(kill(swarm.site("site-c").process->pid(), SIGSTOP), 0);
+  const CommandResult frozen = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(frozen.code(), 1) << frozen.ToString();
+  EXPECT_THAT(frozen.err, HasSubstr("nothing was changed on any site"));
+  EXPECT_THAT(frozen.err, HasSubstr("site site-c"));
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
+  EXPECT_EQ(StatusOf(swarm, "site-b").job_id(), "");
+  // Back: the same command runs the job.
+  ASSERT_EQ(kill(swarm.site("site-c").process->pid(), SIGCONT), 0);
+  const CommandResult start = swarm.Swarmctl({"start", "--job", job});
+  ASSERT_EQ(start.code(), 0) << start.ToString();
+  ASSERT_TRUE(swarm.WaitAllDone("partial-1", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+
+  // A site down (its address answers nothing): refused the same way.
+  const std::string next = swarm.WriteJob(
+      JobOf(swarm, "partial-2", {"site-a", "site-b", "site-c"}, 2),
+      "next.json");
+  swarm.site("site-b").process->Kill();
+  const CommandResult down = swarm.Swarmctl({"start", "--job", next});
+  EXPECT_EQ(down.code(), 1) << down.ToString();
+  EXPECT_THAT(down.err, HasSubstr("site site-b"));
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "partial-1");
+  EXPECT_EQ(StatusOf(swarm, "site-c").job_id(), "partial-1");
+}
+
+TEST(OperatorTest, StatusAndFetchSayWhatTheSitesRun) {
+  LocalSwarm swarm("operator_status");
+  for (const char* name : {"site-a", "site-b", "site-c"}) {
+    ASSERT_TRUE(swarm.StartSite(name, kSlow).ok());
+  }
+  const std::string running = swarm.WriteJob(
+      JobOf(swarm, "running-1", {"site-a", "site-b"}, /*rounds=*/200));
+  const std::string other = swarm.WriteJob(
+      JobOf(swarm, "other-1", {"site-a", "site-b", "site-c"}, 2), "other.json");
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", running}).code(), 0);
+  WaitForRound(swarm, "site-a", 1);
+
+  const CommandResult status = swarm.Swarmctl({"status", "--job", other});
+  EXPECT_EQ(status.code(), 1) << status.ToString();
+  EXPECT_THAT(status.out, HasSubstr("runs job running-1"));
+  EXPECT_THAT(status.out, HasSubstr("no job"));  // site-c
+  EXPECT_THAT(status.out, Not(HasSubstr("unreachable")));
+
+  const CommandResult start = swarm.Swarmctl({"start", "--job", other});
+  EXPECT_EQ(start.code(), 1) << start.ToString();
+  EXPECT_THAT(start.err, HasSubstr("site site-a"));
+  EXPECT_THAT(start.err, HasSubstr("runs job running-1"));
+  EXPECT_EQ(StatusOf(swarm, "site-c").job_id(), "");
+
+  const CommandResult fetch = swarm.Swarmctl(
+      {"fetch", "--site", swarm.site("site-a").address, "--which", "best",
+       "--out", swarm.dir() + "/best.safetensors", "--job-id", "running-1"});
+  EXPECT_EQ(fetch.code(), 1) << fetch.ToString();
+  EXPECT_THAT(fetch.err, HasSubstr("job running-1 is still running on site"));
+  EXPECT_THAT(fetch.err, HasSubstr("(round "));
+  EXPECT_EQ(swarm.Swarmctl({"abort", "--job", running}).code(), 0);
+}
+
+// A stand-in peer of a chosen wire protocol version: answers Status (with
+// that version, or none as a release older than the exchange) and accepts
+// Configure and Start, counting the configures.
+class VersionedPeer final : public v1::Peer::Service {
+ public:
+  explicit VersionedPeer(std::optional<v1::ProtocolVersion> version)
+      : version_(std::move(version)) {}
+
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
+                      v1::StatusReply* reply) override {
+    reply->mutable_status()->set_site("peer");
+    if (version_.has_value()) {
+      *reply->mutable_protocol() = *version_;
+      reply->set_build("9.0.0 (commit simulated)");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Configure(grpc::ServerContext*,
+                         const v1::ConfigureRequest* request,
+                         v1::Reply* reply) override {
+    ++configures;
+    sent_protocol = ProtocolText(request->protocol());
+    reply->set_outcome(v1::OUTCOME_OK);
+    return grpc::Status::OK;
+  }
+  grpc::Status Start(grpc::ServerContext*, const v1::StartRequest*,
+                     v1::Reply* reply) override {
+    reply->set_outcome(v1::OUTCOME_OK);
+    return grpc::Status::OK;
+  }
+
+  std::atomic<int> configures{0};
+  std::string sent_protocol;
+
+ private:
+  std::optional<v1::ProtocolVersion> version_;
+};
+
+struct PeerServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+PeerServer Serve(LocalSwarm& swarm, VersionedPeer* peer) {
+  PeerServer served;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      "127.0.0.1:0",
+      security::ServerCredentials(swarm.Identity("peer", security::kSiteRole)),
+      &served.port);
+  builder.RegisterService(peer);
+  served.server = builder.BuildAndStart();
+  return served;
+}
+
+TEST(OperatorTest, SitesOfAnotherProtocolMajorAreRefusedBeforeAnyChange) {
+  LocalSwarm swarm("operator_protocol");
+  ASSERT_TRUE(swarm.StartSite("site-a", {{"size", "256"}}).ok());
+  v1::ProtocolVersion newer;
+  newer.set_major_version(kWireProtocolMajor + 1);
+  VersionedPeer peer(newer);
+  PeerServer served = Serve(swarm, &peer);
+  ASSERT_NE(served.server, nullptr);
+  v1::JobConfig config = JobOf(swarm, "mixed-1", {"site-a"}, 2);
+  v1::SiteInfo* other = config.add_sites();
+  other->set_name("peer");
+  other->set_address(absl::StrCat("127.0.0.1:", served.port));
+  const std::string job = swarm.WriteJob(config);
+
+  const CommandResult start = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(start.code(), 1) << start.ToString();
+  EXPECT_THAT(start.err, HasSubstr("different wire protocol major versions"));
+  EXPECT_THAT(start.err,
+              HasSubstr(absl::StrCat(
+                  "site site-a (", swarm.Info("site-a").address(),
+                  "): wire protocol ", ProtocolText(OwnProtocolVersion()))));
+  EXPECT_THAT(start.err,
+              HasSubstr(absl::StrCat("site peer (127.0.0.1:", served.port,
+                                     "): wire protocol ",
+                                     kWireProtocolMajor + 1, ".0")));
+  EXPECT_EQ(peer.configures, 0);
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
+
+  // The daemon itself refuses a configure from another major version, and
+  // takes one without a version (a swarmctl older than the exchange).
+  v1::ConfigureRequest request;
+  request.set_sender("admin");
+  *request.mutable_job() = JobOf(swarm, "direct-1", {"site-a"}, 2);
+  *request.mutable_protocol() = newer;
+  v1::Reply reply;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(swarm.Stub("site-a").Configure(&context, request, &reply).ok());
+  }
+  EXPECT_EQ(reply.outcome(), v1::OUTCOME_BAD_REQUEST);
+  EXPECT_THAT(reply.message(),
+              HasSubstr(absl::StrCat("sender admin speaks wire protocol ",
+                                     kWireProtocolMajor + 1, ".0")));
+  request.clear_protocol();
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(swarm.Stub("site-a").Configure(&context, request, &reply).ok());
+  }
+  EXPECT_EQ(reply.outcome(), v1::OUTCOME_OK) << reply.message();
+  served.server->Shutdown();
+}
+
+TEST(OperatorTest, APeerOlderThanTheVersionExchangeKeepsWorking) {
+  LocalSwarm swarm("operator_older");
+  ASSERT_TRUE(swarm.StartSite("site-a", {{"size", "256"}}).ok());
+  VersionedPeer peer(std::nullopt);  // Sends no version: 1.0.
+  PeerServer served = Serve(swarm, &peer);
+  ASSERT_NE(served.server, nullptr);
+  v1::JobConfig config = JobOf(swarm, "older-1", {"site-a"}, 2);
+  v1::SiteInfo* other = config.add_sites();
+  other->set_name("peer");
+  other->set_address(absl::StrCat("127.0.0.1:", served.port));
+  config.add_trainers("site-a");
+  config.add_aggregator_candidates("site-a");
+  const std::string job = swarm.WriteJob(config);
+
+  const CommandResult start = swarm.Swarmctl({"start", "--job", job});
+  EXPECT_EQ(start.code(), 0) << start.ToString() << swarm.Logs();
+  EXPECT_EQ(peer.configures, 1);
+  EXPECT_EQ(peer.sent_protocol, ProtocolText(OwnProtocolVersion()));
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "older-1");
+  swarm.Swarmctl({"abort", "--job", job});
+  served.server->Shutdown();
+}
+
+}  // namespace
+}  // namespace swarm::testing
