@@ -54,9 +54,9 @@ TEST(SimRelayTest, AHopUnderBackpressureReadsOnFromOnePlace) {
   Sim sim(Config(8, 3, Chain, BigModel));
   sim.network().set_link_window(2);
   for (uint32_t round = 0; round < 3; ++round) {
-    sim.network().AddDelay(Calls(CallKind::kSubmitResult, "",
-                                 sim.Aggregator(round), round),
-                           absl::ZeroDuration(), absl::Seconds(2));
+    sim.network().AddDelay(
+        Calls(CallKind::kSubmitResult, "", sim.Aggregator(round), round),
+        absl::ZeroDuration(), absl::Seconds(2));
   }
   sim.RunJob();
   EXPECT_THAT(sim.network().ProtocolErrors(), IsEmpty());
@@ -94,8 +94,8 @@ TEST(SimRelayTest, AFrozenLastHopDoesNotHoldTheRound) {
     sim.network().AddDelay(Calls(CallKind::kSubmitResult, last_hop, aggregator),
                            absl::ZeroDuration(), absl::Seconds(4));
     frozen_at = call.start + absl::Seconds(1);  // Mid-stream.
-    sim.runner().PostAt(frozen_at,
-                        [&sim, site = last_hop] { sim.network().Freeze(site); });
+    sim.runner().PostAt(
+        frozen_at, [&sim, site = last_hop] { sim.network().Freeze(site); });
     sim.runner().PostAt(frozen_at + frozen_for,
                         [&sim, site = last_hop] { sim.network().Thaw(site); });
   });
@@ -114,13 +114,6 @@ TEST(SimRelayTest, AFrozenLastHopDoesNotHoldTheRound) {
   }
   EXPECT_GE(direct.size(), 2u) << "the chain's trainers did not fall back";
   EXPECT_EQ(direct.count(last_hop), 0u);
-  if (getenv("SIM_DUMP")) {
-    for (const CallRecord& call : sim.network().Log()) {
-      if (call.round != 1) continue;
-      std::cerr << absl::FormatTime("%H:%M:%E3S", call.start, absl::UTCTimeZone()) << "-" << absl::FormatTime("%H:%M:%E3S", call.end, absl::UTCTimeZone()) << " " << CallKindName(call.kind) << " " << call.from << "->" << call.to << " " << v1::ModelKind_Name(call.model_kind) << " " << call.result << "\n";
-    }
-    std::cerr << "frozen " << last_hop << " at " << frozen_at << "\n";
-  }
 }
 
 // e6c2267: a trainer in the middle of round 1's broadcast chain freezes as
