@@ -83,7 +83,20 @@ class PeerService final : public RawModelService {
 
  private:
   enum class Rule { kAdmin, kAnyPeer, kSender, kFetch };
-  class CallSlot;
+  // One call counted against its peer's budget.
+  class CallSlot {
+   public:
+    CallSlot(PeerService* service, std::string peer)
+        : service_(service), peer_(std::move(peer)) {}
+    ~CallSlot() { service_->ReleaseSlot(peer_); }
+    CallSlot(const CallSlot&) = delete;
+    CallSlot& operator=(const CallSlot&) = delete;
+
+   private:
+    PeerService* service_;
+    std::string peer_;
+  };
+
   class HeldCall;
   class PermissionCall;
   class UploadCall;
