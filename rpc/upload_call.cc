@@ -1,8 +1,16 @@
-// PeerService's model uploads (LearnTask, SubmitResult, FinalResult).
+// PeerService's model uploads (LearnTask, SubmitResult, FinalResult): one
+// read reactor per call, as gRPC's route_guide_callback_server Recorder. The
+// header is authorized and admitted before any body frame is read; then
+// every upload is a RelayedStream (rpc/relayed_stream.h) that RelayProtocol
+// drives: a plain upload (kReceive; a partial sum into the aggregator with
+// its idle budget), a broadcast's forward (kRelay) or a chain's hop (kHop),
+// with the budgets the site decided at the header. The reactor only reads
+// frames, feeds them to the assembler, hands the site the model and
+// finishes the call with the site's reply. No thread waits for the sender
+// or for the site.
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
-#include <atomic>
 #include <optional>
 #include <set>
 #include <vector>
@@ -13,10 +21,10 @@
 #include "config/job_config.h"
 #include "controller/model_receiver.h"
 #include "controller/replies.h"
-#include "rpc/frame_relay.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/peer_service.h"
 #include "rpc/peer_service_internal.h"
+#include "rpc/relayed_stream.h"
 #include "rpc/stream_watchdog.h"
 #include "security/certificates.h"
 #include "streaming/chunker.h"
@@ -24,11 +32,6 @@
 
 namespace swarm {
 
-// A model upload (LearnTask, SubmitResult, FinalResult) as a read reactor,
-// as in gRPC's route_guide_callback_server: the header is authorized and
-// admitted before any body frame is read, body frames go to the assembler as
-// they arrive, and the site's reply finishes the call. No thread waits for
-// the sender or for the site.
 class PeerService::UploadCall final
     : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
@@ -36,48 +39,22 @@ class PeerService::UploadCall final
              v1::Reply* reply)
       : service_(service),
         context_(context),
+        reply_(reply),
         receiver_(service->controller_),
-        shared_(std::make_shared<Shared>()) {
-    absl::MutexLock lock(&shared_->mu);
-    shared_->call = this;
-    shared_->reply = reply;
-  }
+        side_(std::make_shared<Side>(this)) {}
 
   void Start() { StartRead(&frame_); }
 
   void OnReadDone(bool ok) override {
     if (!header_read_) return OnHeader(ok);
-    if (hop_) return OnHopRead(ok);
-    if (!ok) {
-      if (relay_ != nullptr) relay_->Close();
-      return HandToSite(Verified(receiver_.assembler()->Finish()));
-    }
-    // Forwarded as received (the copy shares the frame's slices).
-    std::optional<grpc::ByteBuffer> onward;
-    if (relay_ != nullptr) onward.emplace(frame_);
-    if (absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
-        !fed.ok()) {
-      // The sender broke a rule of the stream: stop reading; the site
-      // says why in its reply.
-      if (relay_ != nullptr) relay_->Cancel();
-      return HandToSite(fed);
-    }
-    if (onward.has_value() && relay_->Push(*onward) == FrameRelay::kFull) {
-      return;  // The relay's on_room reads on.
-    }
-    if (idle_watch_) return ReadHop();
-    StartRead(&frame_);
+    if (!ok) return OnEnd();
+    OnFrame();
   }
 
-  // While a read is pending, it ends (not OK) and OnReadDone finishes the
-  // call; only a call waiting for the site's reply is finished here.
+  // While a read is pending, it ends (not OK) and the stream goes on from
+  // there; only a call waiting for the site's reply is finished here.
   void OnCancel() override {
-    {
-      absl::MutexLock lock(&shared_->mu);
-      if (!shared_->waiting_for_site || shared_->call == nullptr) return;
-      shared_->call = nullptr;
-    }
-    Finish(grpc::Status::CANCELLED);
+    if (side_->TakeIfWaiting()) Finish(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
@@ -86,38 +63,84 @@ class PeerService::UploadCall final
   }
 
  private:
-  // What the site's reply finds: the call, until it finishes.
-  struct Shared {
-    absl::Mutex mu;
-    UploadCall* call ABSL_GUARDED_BY(mu) = nullptr;
-    v1::Reply* reply ABSL_GUARDED_BY(mu) = nullptr;
-    bool waiting_for_site ABSL_GUARDED_BY(mu) = false;
-    // A forwarded stream: the site's own reply waits for the next hop's
-    // (whose answers for itself and the hops after it join the reply).
-    bool relay_pending ABSL_GUARDED_BY(mu) = false;
-    std::optional<v1::Reply> own ABSL_GUARDED_BY(mu);
-    // The next hop's answers (Reply.relayed only).
-    v1::Reply relayed ABSL_GUARDED_BY(mu);
-    // A partial sum passing through: how the incoming stream ended and how
-    // the next hop answered; the site hears of it once both are known.
-    std::optional<absl::Status> hop_incoming ABSL_GUARDED_BY(mu);
-    std::optional<absl::Status> hop_onward ABSL_GUARDED_BY(mu);
+  // What the stream's actions and the site's reply find: the call, until
+  // it finishes (once).
+  class Side final : public RelayedStream::Side {
+   public:
+    explicit Side(UploadCall* call) : call_(call) {}
+    void Read() override {
+      if (UploadCall* call = Get()) call->StartRead(&call->frame_);
+    }
+    void CancelIncoming() override {
+      // Through the watchdog, whose Forget (OnDone) waits for it.
+      if (UploadCall* call = Get()) {
+        call->service_->watchdog_->Watch(call->context_, absl::Now());
+      }
+    }
+    void TellSite(absl::Status status) override {
+      if (UploadCall* call = Get()) call->HandToSite(std::move(status));
+    }
+    void Answer(v1::Reply reply) override {
+      UploadCall* call = Take();
+      if (call == nullptr) return;  // Cancelled.
+      *call->reply_ = std::move(reply);
+      // The reactor may be deleted (OnDone) from here on.
+      call->Finish(grpc::Status::OK);
+    }
+    void OnwardDone(absl::StatusOr<v1::Reply>) override {}
+    void End(const grpc::Status& status) {
+      if (UploadCall* call = Take()) call->Finish(status);
+    }
+    void SetWaiting() {
+      absl::MutexLock lock(&mu_);
+      waiting_ = true;
+    }
+    bool TakeIfWaiting() {
+      absl::MutexLock lock(&mu_);
+      if (!waiting_ || call_ == nullptr) return false;
+      call_ = nullptr;
+      return true;
+    }
+
+   private:
+    UploadCall* Get() {
+      absl::MutexLock lock(&mu_);
+      return call_;
+    }
+    UploadCall* Take() {
+      absl::MutexLock lock(&mu_);
+      UploadCall* call = call_;
+      call_ = nullptr;
+      return call;
+    }
+    absl::Mutex mu_;
+    UploadCall* call_ ABSL_GUARDED_BY(mu_);
+    bool waiting_ ABSL_GUARDED_BY(mu_) = false;
   };
 
   void OnHeader(bool ok) {
     header_read_ = true;
     if (!ok) {
-      return EndNow(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "model stream ended before its header"));
+      return side_->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     "model stream ended before its header"));
     }
     v1::ModelFrame frame;
     grpc::ProtoBufferReader parse(&frame_);
     if (!frame.ParseFromZeroCopyStream(&parse) || !frame.has_header()) {
-      return EndNow(
+      return side_->End(
           grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                        "the first frame of a model stream must be its header"));
     }
     const v1::ModelHeader& header = frame.header();
+    if (grpc::Status allowed = Admit(header); !allowed.ok()) {
+      return side_->End(allowed);
+    }
+    if (receiver_.answered()) return side_->Answer(receiver_.reply());
+    StartStream(header);
+  }
+
+  // Authorizes the header, then the site admits it.
+  grpc::Status Admit(const v1::ModelHeader& header) {
     const std::string what =
         absl::StrCat(v1::ModelKind_Name(header.kind()), " stream");
     // Who must have sent it: the header's sender, or for a signed learn task
@@ -125,15 +148,15 @@ class PeerService::UploadCall final
     std::string caller = header.sender();
     if (grpc::Status forwarded = CheckForwarded(header, what, &caller);
         !forwarded.ok()) {
-      return EndNow(forwarded);
+      return forwarded;
     }
     grpc::Status allowed =
         service_->Authorize(context_, what, Rule::kSender, caller, &slot_);
-    if (!allowed.ok()) return EndNow(allowed);
+    if (!allowed.ok()) return allowed;
     if (grpc::Status relay = CheckRelayList(header); !relay.ok()) {
       SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, caller,
                         context_->peer(), relay.error_message());
-      return EndNow(relay);
+      return relay;
     }
     service_->watchdog_->Watch(
         context_, absl::Now() + service_->options_.max_stream_time);
@@ -145,68 +168,74 @@ class PeerService::UploadCall final
     if (!admitted.ok()) {
       SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, header.sender(),
                         context_->peer(), admitted.message());
-      return EndNow(ToGrpcStatus(admitted));
+      return ToGrpcStatus(admitted);
     }
-    if (receiver_.answered()) return Answer(shared_, receiver_.reply());
+    return grpc::Status::OK;
+  }
+
+  // The body's stream: received here, forwarded, or passed on as a hop.
+  void StartStream(const v1::ModelHeader& header) {
+    absl::Status ready = absl::OkStatus();
     if (receiver_.assembler() == nullptr) {
-      return HandToSite(absl::InvalidArgumentError("bad header"));
+      ready = absl::InvalidArgumentError("bad header");
     }
-    if (receiver_.chain_hop() != nullptr) {
-      if (absl::Status started = StartChainHop(header); !started.ok()) {
-        return HandToSite(started);
-      }
-      return ReadHop();
+    const ModelAdmission::ChainHop* hop = receiver_.chain_hop();
+    std::string next;
+    v1::ModelHeader onward;
+    if (ready.ok() && hop != nullptr) {
+      mode_ = RelayProtocol::Mode::kHop;
+      next = hop->next;
+      onward = hop->onward;
+      ready = StartHop(*hop);
+    } else if (ready.ok() && header.relay_to_size() > 0 &&
+               header.kind() == v1::MODEL_KIND_LEARN_TASK &&
+               Forwarding(header)) {
+      mode_ = RelayProtocol::Mode::kRelay;
+      next = header.relay_to(0);
+      onward = header;
+      onward.mutable_relay_to()->DeleteSubrange(0, 1);
     }
-    if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
-      // The chain's last hop to the aggregator: a frozen hop must not hold
-      // its contributors' results until the round's timeout either.
-      if (const std::optional<v1::JobConfig> job = service_->controller_->job();
-          job.has_value()) {
-        WatchIdle(*job);
-        return ReadHop();
-      }
+    std::shared_ptr<RelayedStream> stream = RelayedStream::Create(
+        ready.ok() ? mode_ : RelayProtocol::Mode::kReceive,
+        receiver_.relay_budgets(), next,
+        absl::StrCat("round ", header.round(), " ",
+                     v1::ModelKind_Name(header.kind()), " from ",
+                     header.sender(), next.empty() ? "" : " to ", next),
+        service_->watchdog_.get(), side_);
+    stream_ = stream;
+    if (!ready.ok()) return stream->ReadEnd(ready);  // Tells the site.
+    std::vector<grpc::ByteBuffer> header_frames;
+    if (mode_ != RelayProtocol::Mode::kReceive) {
+      stream->OpenOnward(
+          service_->options_.forward_channels->Get(next_address_).get(),
+          mode_ == RelayProtocol::Mode::kHop ? "SubmitResult" : "LearnTask",
+          ForwardContext(header));
+      header_frames.push_back(EncodeHeaderFrame(onward));
     }
-    if (header.relay_to_size() > 0) StartRelay(header);
-    StartRead(&frame_);
+    if (stream->Start(std::move(header_frames))) StartRead(&frame_);
   }
 
-  // A partial sum's reads are watched for an idle sender (ReadHop).
-  void WatchIdle(const v1::JobConfig& job) {
-    idle_watch_ = true;
-    hop_stream_deadline_ = absl::Now() + service_->options_.max_stream_time;
-    hop_idle_ = std::max(absl::Seconds(1),
-                         absl::Milliseconds(job.failover_timeout_ms()));
-  }
-
-  // The next hop's call for a stream passed on: due shortly before this
-  // call's own deadline (its answer must make it back in time).
-  std::unique_ptr<grpc::ClientContext> ForwardContext(
-      const v1::ModelHeader& header) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    absl::Time deadline = CallDeadline(context_);
-    deadline = deadline == absl::InfiniteFuture()
-                   ? absl::Now() + StreamDeadline(header.total_bytes())
-                   : deadline - kRelayMargin;
-    context->set_deadline(absl::ToChronoTime(deadline));
-    return context;
-  }
-
-  // How long a write to the next hop may wait: failover_timeout per hop
-  // from it on. A site frozen further down stalls this hop too
-  // (backpressure), and the forwarder nearest to it must give it up first,
-  // so that the rest flows again.
-  static absl::Duration ForwardStall(const v1::JobConfig& job,
-                                     const v1::ModelHeader& onward) {
-    return std::max(absl::Seconds(1),
-                    absl::Milliseconds(job.failover_timeout_ms())) *
-           static_cast<int64_t>(onward.relay_to_size() + 1);
+  // Whether this site can forward a learn task to relay_to[0] (if not, the
+  // sender sends to the rest of its list itself).
+  bool Forwarding(const v1::ModelHeader& header) {
+    const std::optional<v1::JobConfig> job = service_->controller_->job();
+    const v1::SiteInfo* site =
+        job.has_value() ? FindSite(*job, header.relay_to(0)) : nullptr;
+    if (service_->options_.forward_channels != nullptr && site != nullptr) {
+      next_address_ = site->address();
+      return true;
+    }
+    SWARM_LOG_WARNING("round %d: not forwarding the learn task to %s: %s",
+                      header.round(), header.relay_to(0),
+                      site == nullptr ? "not a site of the job"
+                                      : "this site does not forward");
+    return false;
   }
 
   // Chain reduction: the site adds its result to the partial sum as it
-  // passes (the receiver's PartialSumSink) and the output goes on to the
-  // next hop at once, one frame per chunk, under the relay's backpressure.
-  absl::Status StartChainHop(const v1::ModelHeader& header) {
-    const ModelAdmission::ChainHop& hop = *receiver_.chain_hop();
+  // passes (the receiver's PartialSumSink); the output goes on to the next
+  // hop, one frame per chunk (emitted_), and its digest into the trailer.
+  absl::Status StartHop(const ModelAdmission::ChainHop& hop) {
     const std::optional<v1::JobConfig> job = service_->controller_->job();
     const v1::SiteInfo* site =
         job.has_value() ? FindSite(*job, hop.next) : nullptr;
@@ -219,9 +248,8 @@ class PeerService::UploadCall final
     absl::StatusOr<std::unique_ptr<StreamDigest>> digest =
         StreamDigest::Create(hop.onward.digest_algorithm());
     if (!digest.ok()) return digest.status();
+    next_address_ = site->address();
     hop_digest_ = std::move(*digest);
-    hop_ = true;
-    WatchIdle(*job);
     receiver_.set_emit(
         [this](uint32_t index, uint64_t offset, absl::string_view data) {
           hop_digest_->AddChunk(index, offset, data);
@@ -231,127 +259,79 @@ class PeerService::UploadCall final
           chunk.tensor_index = index;
           chunk.offset = offset;
           chunk.data = *bytes;
-          hop_pending_.push_back(EncodeChunkFrame(chunk, bytes));
+          emitted_.push_back(EncodeChunkFrame(chunk, bytes));
           return absl::OkStatus();
-        });
-    FrameRelay::Options options;
-    options.stall_timeout = ForwardStall(*job, hop.onward);
-    options.what =
-        absl::StrCat("round ", header.round(), " partial sum to ", hop.next);
-    std::shared_ptr<Shared> shared = shared_;
-    relay_ = FrameRelay::Start(
-        service_->options_.forward_channels->Get(site->address()).get(),
-        "SubmitResult", ForwardContext(header), EncodeHeaderFrame(hop.onward),
-        std::move(options), service_->watchdog_.get(),
-        [this] {
-          // Room again: read on if OnHopRead paused (else it has not got
-          // that far yet, and reads on itself), unless the room is the
-          // trailer's (the incoming stream is over).
-          {
-            absl::MutexLock lock(&hop_mu_);
-            if (!hop_paused_) {
-              hop_room_ = true;
-              return;
-            }
-            hop_paused_ = false;
-          }
-          if (!hop_read_done_.load()) ReadHop();
-        },
-        [shared](absl::StatusOr<v1::Reply> reply) {
-          HopDone(shared, std::nullopt, StatusFromHopReply(reply));
         });
     return absl::OkStatus();
   }
 
-  // The next frame of a partial sum passing through. A sender that sends
-  // nothing for a failover timeout (frozen, or stalled behind a frozen hop)
-  // is given up: the call is cancelled, and every trainer of the chain
-  // submits directly, instead of all of them waiting for the round's
-  // timeout. Only a pending read counts as idle: while the next hop's queue
-  // is full (backpressure), this site does not read on purpose.
-  // Re-armed at most every quarter of the idle timeout (a watch costs a
-  // lock, an allocation and a wake of the watchdog's thread: not once per
-  // frame), so a sender is given up after 3/4 to 1 idle timeout.
-  void ReadHop() {
-    const absl::Time now = absl::Now();
-    if (!idle_armed_ || now - idle_armed_at_ >= hop_idle_ / 4) {
-      service_->watchdog_->Watch(
-          context_, std::min(hop_stream_deadline_, now + hop_idle_));
-      idle_armed_ = true;
-      idle_armed_at_ = now;
-    }
-    StartRead(&frame_);
+  // The next hop's call: due shortly before this call's own deadline (its
+  // answer must make it back in time).
+  std::unique_ptr<grpc::ClientContext> ForwardContext(
+      const v1::ModelHeader& header) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    absl::Time deadline = CallDeadline(context_);
+    deadline = deadline == absl::InfiniteFuture()
+                   ? absl::Now() + StreamDeadline(header.total_bytes())
+                   : deadline - kRelayMargin;
+    context->set_deadline(absl::ToChronoTime(deadline));
+    return context;
   }
 
-  // The next hop's queue is full: reading pauses until the relay's on_room,
-  // which runs on another thread, maybe before this is called. Returns
-  // whether to read on now (the room came already).
-  bool PauseHopReads() {
-    absl::MutexLock lock(&hop_mu_);
-    if (hop_room_) {
-      hop_room_ = false;
-      return true;
-    }
-    hop_paused_ = true;
-    // Pausing on purpose: not idle.
-    service_->watchdog_->Watch(context_, hop_stream_deadline_);
-    idle_armed_ = false;
-    return false;
+  // A body frame: into the assembler, and onward (a forward: as received,
+  // the copy sharing its slices; a hop: what the sum put out).
+  void OnFrame() {
+    std::shared_ptr<RelayedStream> stream = stream_;
+    std::vector<grpc::ByteBuffer> onward;
+    if (mode_ == RelayProtocol::Mode::kRelay) onward.push_back(frame_);
+    absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
+    if (mode_ == RelayProtocol::Mode::kHop) onward.swap(emitted_);
+    // The sender broke a rule of the stream: no more reads; the site says
+    // why in its reply.
+    if (!fed.ok()) return stream->ReadEnd(fed);
+    if (stream->FrameRead(std::move(onward))) StartRead(&frame_);
   }
 
-  void OnHopRead(bool ok) {
-    if (!ok) {
-      hop_read_done_ = true;
-      absl::StatusOr<Model> sum = receiver_.assembler()->Finish();
-      if (sum.ok()) {
-        v1::ModelTrailer trailer;
-        trailer.set_digest(hop_digest_->Finish());
-        trailer.set_chunk_count(hop_chunks_);
-        relay_->Push(EncodeTrailerFrame(trailer));
-        relay_->Close();
-      } else {
-        relay_->Cancel();
-      }
-      return HopDone(shared_, sum.status(), std::nullopt);
+  // Every read is done: the model, or why the stream broke (a hop's
+  // output gets its trailer).
+  void OnEnd() {
+    std::shared_ptr<RelayedStream> stream = stream_;
+    absl::StatusOr<Model> body = receiver_.assembler()->Finish();
+    std::vector<grpc::ByteBuffer> trailer;
+    if (mode_ != RelayProtocol::Mode::kHop) {
+      body = Verified(std::move(body));
+    } else if (body.ok()) {
+      v1::ModelTrailer end;
+      end.set_digest(hop_digest_->Finish());
+      end.set_chunk_count(hop_chunks_);
+      trailer.push_back(EncodeTrailerFrame(end));
     }
-    if (absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
-        !fed.ok()) {
-      relay_->Cancel();
-      hop_pending_.clear();
-      return HopDone(shared_, fed, std::nullopt);
-    }
-    // Taken out before the push: once it reports the queue full, on_room
-    // may read on from another thread, whose frames go into hop_pending_.
-    std::vector<grpc::ByteBuffer> frames;
-    frames.swap(hop_pending_);
-    if (relay_->Push(std::move(frames)) == FrameRelay::kFull &&
-        !PauseHopReads()) {
-      return;  // The relay's on_room reads on.
-    }
-    ReadHop();
+    const absl::Status status = body.status();
+    body_ = std::move(body);
+    stream->ReadEnd(status, std::move(trailer));
   }
 
-  // One half of a hop's end: the site hears of both at once (the incoming
-  // stream's failure first, else the next hop's answer).
-  static void HopDone(const std::shared_ptr<Shared>& shared,
-                      std::optional<absl::Status> incoming,
-                      std::optional<absl::Status> onward) {
-    UploadCall* call = nullptr;
-    absl::Status outcome;
-    {
-      absl::MutexLock lock(&shared->mu);
-      if (incoming.has_value()) shared->hop_incoming = std::move(incoming);
-      if (onward.has_value()) shared->hop_onward = std::move(onward);
-      if (!shared->hop_incoming.has_value() ||
-          !shared->hop_onward.has_value() || shared->call == nullptr) {
-        return;
-      }
-      call = shared->call;
-      outcome = !shared->hop_incoming->ok() ? *shared->hop_incoming
-                                            : *shared->hop_onward;
+  // The site gets the model (a hop: how the sum went on), and its reply
+  // goes to the stream, which answers the call (with the next hop's
+  // answers, for a forward).
+  void HandToSite(absl::Status status) {
+    absl::StatusOr<Model> model = Model();
+    if (!status.ok()) {
+      model = status;
+    } else if (mode_ != RelayProtocol::Mode::kHop) {
+      model = std::move(body_);
     }
-    // The call is not finished before the site answers: it is alive.
-    call->HandToSite(outcome.ok() ? absl::StatusOr<Model>(Model()) : outcome);
+    if (service_->options_.on_model_received) {
+      received_.status = model.status();
+      service_->options_.on_model_received(received_);
+    }
+    std::shared_ptr<Side> side = side_;
+    std::shared_ptr<RelayedStream> stream = stream_;
+    // The reactor may be deleted once the site replied.
+    receiver_.Finish(std::move(model), [stream](v1::Reply reply) {
+      stream->SiteReplied(std::move(reply));
+    });
+    side->SetWaiting();
   }
 
   // A learn task whose sender is not the caller's certificate is accepted
@@ -451,136 +431,29 @@ class PeerService::UploadCall final
                      verified.message()));
   }
 
-  // Forwards the stream to relay_to[0], with the rest of the list.
-  void StartRelay(const v1::ModelHeader& header) {
-    const std::string next = header.relay_to(0);
-    const std::optional<v1::JobConfig> job = service_->controller_->job();
-    const v1::SiteInfo* site = job.has_value() ? FindSite(*job, next) : nullptr;
-    if (service_->options_.forward_channels == nullptr || site == nullptr) {
-      // Not forwarded: the sender sends to the rest itself.
-      SWARM_LOG_WARNING("round %d: not forwarding the learn task to %s: %s",
-                        header.round(), next,
-                        site == nullptr ? "not a site of the job"
-                                        : "this site does not forward");
-      return;
-    }
-    v1::ModelHeader onward = header;
-    onward.mutable_relay_to()->DeleteSubrange(0, 1);
-    FrameRelay::Options options;
-    options.stall_timeout = ForwardStall(*job, onward);
-    options.what = absl::StrCat("round ", header.round(),
-                                " learn task forwarded to ", next);
-    {
-      absl::MutexLock lock(&shared_->mu);
-      shared_->relay_pending = true;
-    }
-    std::shared_ptr<Shared> shared = shared_;
-    relay_ = FrameRelay::Start(
-        service_->options_.forward_channels->Get(site->address()).get(),
-        "LearnTask", ForwardContext(header), EncodeHeaderFrame(onward),
-        std::move(options), service_->watchdog_.get(),
-        [this] { StartRead(&frame_); },
-        [shared, next](absl::StatusOr<v1::Reply> reply) {
-          RelayDone(shared, next, std::move(reply));
-        });
-  }
-
-  // Every read is done: the model (or why the stream broke) goes to the
-  // site, whose reply finishes the call, now or later.
-  void HandToSite(absl::StatusOr<Model> model) {
-    if (service_->options_.on_model_received) {
-      received_.status = model.status();
-      service_->options_.on_model_received(received_);
-    }
-    {
-      absl::MutexLock lock(&shared_->mu);
-      shared_->waiting_for_site = true;
-    }
-    std::shared_ptr<Shared> shared = shared_;
-    receiver_.Finish(std::move(model), [shared](v1::Reply reply) {
-      Answer(shared, std::move(reply));
-    });
-  }
-
-  void EndNow(const grpc::Status& status) {
-    {
-      absl::MutexLock lock(&shared_->mu);
-      if (shared_->call == nullptr) return;
-      shared_->call = nullptr;
-    }
-    Finish(status);
-  }
-
-  static void Answer(const std::shared_ptr<Shared>& shared, v1::Reply reply) {
-    UploadCall* finishing = nullptr;
-    {
-      absl::MutexLock lock(&shared->mu);
-      if (shared->call == nullptr) return;  // Cancelled.
-      if (shared->relay_pending) {
-        shared->own = std::move(reply);  // Sent with the next hop's answer.
-        return;
-      }
-      *shared->reply = std::move(reply);
-      shared->reply->mutable_relayed()->Swap(shared->relayed.mutable_relayed());
-      finishing = shared->call;
-      shared->call = nullptr;
-    }
-    // Outside the lock: the reactor may be deleted (OnDone) from here on.
-    finishing->Finish(grpc::Status::OK);
-  }
-
-  // The next hop answered (for itself and the hops after it), or the
-  // forward to it failed.
-  static void RelayDone(const std::shared_ptr<Shared>& shared,
-                        const std::string& next,
-                        absl::StatusOr<v1::Reply> reply) {
-    std::optional<v1::Reply> own;
-    {
-      absl::MutexLock lock(&shared->mu);
-      AddRelayed(next, reply, &shared->relayed);
-      shared->relay_pending = false;
-      own = std::move(shared->own);
-    }
-    if (own.has_value()) Answer(shared, std::move(*own));
-  }
-
   PeerService* const service_;
   grpc::CallbackServerContext* const context_;
+  v1::Reply* const reply_;
   ModelReceiver receiver_;
-  const std::shared_ptr<Shared> shared_;
+  const std::shared_ptr<Side> side_;
+  std::shared_ptr<RelayedStream> stream_;
   std::unique_ptr<CallSlot> slot_;
   grpc::ByteBuffer frame_;
   bool header_read_ = false;
   bool watched_ = false;
-  ReceivedModel received_;  // What the header announced.
+  RelayProtocol::Mode mode_ = RelayProtocol::Mode::kReceive;
+  std::string next_address_;  // A forward's or a hop's next site.
+  ReceivedModel received_;    // What the header announced.
+  absl::StatusOr<Model> body_ = absl::UnknownError("no body yet");
   // A signed stream: its header, checked against the digest at the end.
   std::optional<v1::ModelHeader> signed_header_;
   // A broadcast's forward: the previous hop.
   std::string forwarded_by_;
-  // Forwarding to the next hop, if the header asks for it.
-  std::shared_ptr<FrameRelay> relay_;
-  // A partial sum passing through (StartChainHop): the output's digest and
-  // frames not yet pushed.
-  bool hop_ = false;
-  std::atomic<bool> hop_read_done_{false};
-  bool idle_watch_ = false;
-  // Backpressure on a hop: after a push that found the next hop's queue
-  // full, exactly one of OnHopRead (hop_room_ set: the room came first) and
-  // the relay's on_room (hop_paused_ set: OnHopRead paused first) starts
-  // the next read. Two reads at once fed one chunk twice and raced on
-  // hop_pending_.
-  absl::Mutex hop_mu_;
-  bool hop_paused_ ABSL_GUARDED_BY(hop_mu_) = false;
-  bool hop_room_ ABSL_GUARDED_BY(hop_mu_) = false;
-  // ReadHop's last arming of the idle watch (reactor and on_room threads
-  // take turns: a read is never started from both at once).
-  bool idle_armed_ = false;
-  absl::Time idle_armed_at_;
-  absl::Time hop_stream_deadline_ = absl::InfiniteFuture();
-  absl::Duration hop_idle_ = absl::Seconds(5);
+  // A hop: the output's digest, its chunks, and the frames the last read
+  // put out. Touched by the reading thread only (one read at a time).
   std::unique_ptr<StreamDigest> hop_digest_;
   uint64_t hop_chunks_ = 0;
-  std::vector<grpc::ByteBuffer> hop_pending_;
+  std::vector<grpc::ByteBuffer> emitted_;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(
