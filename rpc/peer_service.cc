@@ -131,6 +131,12 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
     : controller_(controller),
       options_(std::move(options)),
       watchdog_(std::make_unique<StreamWatchdog>()) {
+  // In the order of the service in proto/swarm.proto.
+  AddFirstMethods();
+  AddLastMethods();
+}
+
+void PeerService::AddFirstMethods() {
   AddUnaryMethod<v1::ConfigureRequest, v1::Reply>(
       "Configure",
       [this](grpc::ServerContext* context, const v1::ConfigureRequest* request,
@@ -174,6 +180,9 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         return RequestToSubmit(context, request, reply);
       });
   AddCallbackUploadMethod("SubmitResult", receive);
+}
+
+void PeerService::AddLastMethods() {
   AddUnaryMethod<v1::ShareBestRequest, v1::Reply>(
       "ShareBest",
       [this](grpc::ServerContext* context, const v1::ShareBestRequest* request,
@@ -185,7 +194,11 @@ PeerService::PeerService(SiteDriver* controller, PeerServiceOptions options)
         *reply = controller_->ShareBest(*request);
         return grpc::Status::OK;
       });
-  AddCallbackUploadMethod("FinalResult", receive);
+  AddCallbackUploadMethod(
+      "FinalResult",
+      [this](grpc::CallbackServerContext* context, v1::Reply* reply) {
+        return ReceiveModel(context, reply);
+      });
   AddCallbackUnaryMethod<v1::StatusRequest, v1::StatusReply>(
       "Status",
       [this](grpc::CallbackServerContext* context,

@@ -101,6 +101,11 @@ class PeerService final : public RawModelService {
   class PermissionCall;
   class UploadCall;
 
+  // The methods, registered in the service's order (Configure to
+  // SubmitResult, then ShareBest to Abort).
+  void AddFirstMethods();
+  void AddLastMethods();
+
   // Checks `rule` for the caller and takes one of its call slots (released
   // when `slot` goes away). The error is the gRPC status to return.
   grpc::Status Authorize(grpc::ServerContextBase* context,
