@@ -31,6 +31,47 @@
 #include "streaming/digest.h"
 
 namespace swarm {
+namespace {
+
+// A chain hop's output: the chunks the partial sum puts out, as frames for
+// the next hop, and their digest for its trailer. Touched by the reading
+// thread only (one read at a time).
+class HopOutput {
+ public:
+  explicit HopOutput(std::unique_ptr<StreamDigest> digest)
+      : digest_(std::move(digest)) {}
+
+  absl::Status Emit(uint32_t index, uint64_t offset, absl::string_view data) {
+    digest_->AddChunk(index, offset, data);
+    ++chunks_;
+    auto bytes = std::make_shared<const std::string>(data);
+    ChunkRef chunk;
+    chunk.tensor_index = index;
+    chunk.offset = offset;
+    chunk.data = *bytes;
+    frames_.push_back(EncodeChunkFrame(chunk, bytes));
+    return absl::OkStatus();
+  }
+  // The frames put out since the last call.
+  std::vector<grpc::ByteBuffer> Take() {
+    std::vector<grpc::ByteBuffer> frames;
+    frames.swap(frames_);
+    return frames;
+  }
+  grpc::ByteBuffer Trailer() {
+    v1::ModelTrailer trailer;
+    trailer.set_digest(digest_->Finish());
+    trailer.set_chunk_count(chunks_);
+    return EncodeTrailerFrame(trailer);
+  }
+
+ private:
+  const std::unique_ptr<StreamDigest> digest_;
+  uint64_t chunks_ = 0;
+  std::vector<grpc::ByteBuffer> frames_;
+};
+
+}  // namespace
 
 class PeerService::UploadCall final
     : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -234,7 +275,7 @@ class PeerService::UploadCall final
 
   // Chain reduction: the site adds its result to the partial sum as it
   // passes (the receiver's PartialSumSink); the output goes on to the next
-  // hop, one frame per chunk (emitted_), and its digest into the trailer.
+  // hop, one frame per chunk (HopOutput).
   absl::Status StartHop(const ModelAdmission::ChainHop& hop) {
     const std::optional<v1::JobConfig> job = service_->controller_->job();
     const v1::SiteInfo* site =
@@ -249,19 +290,11 @@ class PeerService::UploadCall final
         StreamDigest::Create(hop.onward.digest_algorithm());
     if (!digest.ok()) return digest.status();
     next_address_ = site->address();
-    hop_digest_ = std::move(*digest);
-    receiver_.set_emit(
-        [this](uint32_t index, uint64_t offset, absl::string_view data) {
-          hop_digest_->AddChunk(index, offset, data);
-          ++hop_chunks_;
-          auto bytes = std::make_shared<const std::string>(data);
-          ChunkRef chunk;
-          chunk.tensor_index = index;
-          chunk.offset = offset;
-          chunk.data = *bytes;
-          emitted_.push_back(EncodeChunkFrame(chunk, bytes));
-          return absl::OkStatus();
-        });
+    hop_ = std::make_unique<HopOutput>(std::move(*digest));
+    receiver_.set_emit([hop = hop_.get()](uint32_t index, uint64_t offset,
+                                          absl::string_view data) {
+      return hop->Emit(index, offset, data);
+    });
     return absl::OkStatus();
   }
 
@@ -285,7 +318,7 @@ class PeerService::UploadCall final
     std::vector<grpc::ByteBuffer> onward;
     if (mode_ == RelayProtocol::Mode::kRelay) onward.push_back(frame_);
     absl::Status fed = FeedFrame(&frame_, receiver_.assembler());
-    if (mode_ == RelayProtocol::Mode::kHop) onward.swap(emitted_);
+    if (mode_ == RelayProtocol::Mode::kHop) onward = hop_->Take();
     // The sender broke a rule of the stream: no more reads; the site says
     // why in its reply.
     if (!fed.ok()) return stream->ReadEnd(fed);
@@ -301,10 +334,7 @@ class PeerService::UploadCall final
     if (mode_ != RelayProtocol::Mode::kHop) {
       body = Verified(std::move(body));
     } else if (body.ok()) {
-      v1::ModelTrailer end;
-      end.set_digest(hop_digest_->Finish());
-      end.set_chunk_count(hop_chunks_);
-      trailer.push_back(EncodeTrailerFrame(end));
+      trailer.push_back(hop_->Trailer());
     }
     const absl::Status status = body.status();
     body_ = std::move(body);
@@ -449,11 +479,8 @@ class PeerService::UploadCall final
   std::optional<v1::ModelHeader> signed_header_;
   // A broadcast's forward: the previous hop.
   std::string forwarded_by_;
-  // A hop: the output's digest, its chunks, and the frames the last read
-  // put out. Touched by the reading thread only (one read at a time).
-  std::unique_ptr<StreamDigest> hop_digest_;
-  uint64_t hop_chunks_ = 0;
-  std::vector<grpc::ByteBuffer> emitted_;
+  // A hop's output.
+  std::unique_ptr<HopOutput> hop_;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* PeerService::ReceiveModel(
