@@ -26,6 +26,7 @@
 #include "rpc/peer_service_internal.h"
 #include "rpc/relayed_stream.h"
 #include "rpc/stream_watchdog.h"
+#include "rpc/upload_checks.h"
 #include "security/certificates.h"
 #include "streaming/chunker.h"
 #include "streaming/digest.h"
@@ -82,6 +83,8 @@ class PeerService::UploadCall final
         context_(context),
         reply_(reply),
         receiver_(service->controller_),
+        checks_(service->options_.tls, service->options_.verifier,
+                service->controller_),
         side_(std::make_shared<Side>(this)) {}
 
   void Start() { StartRead(&frame_); }
@@ -187,14 +190,15 @@ class PeerService::UploadCall final
     // Who must have sent it: the header's sender, or for a signed learn task
     // that comes through a broadcast, the previous hop (a site of the job).
     std::string caller = header.sender();
-    if (grpc::Status forwarded = CheckForwarded(header, what, &caller);
+    if (grpc::Status forwarded =
+            checks_.CheckForwarded(header, what, *context_, &caller);
         !forwarded.ok()) {
       return forwarded;
     }
     grpc::Status allowed =
         service_->Authorize(context_, what, Rule::kSender, caller, &slot_);
     if (!allowed.ok()) return allowed;
-    if (grpc::Status relay = CheckRelayList(header); !relay.ok()) {
+    if (grpc::Status relay = checks_.CheckRelayList(header); !relay.ok()) {
       SWARM_LOG_WARNING("refused %s from %s (%s): %s", what, caller,
                         context_->peer(), relay.error_message());
       return relay;
@@ -332,7 +336,8 @@ class PeerService::UploadCall final
     absl::StatusOr<Model> body = receiver_.assembler()->Finish();
     std::vector<grpc::ByteBuffer> trailer;
     if (mode_ != RelayProtocol::Mode::kHop) {
-      body = Verified(std::move(body));
+      body = checks_.Verified(std::move(body),
+                              receiver_.assembler()->stream_digest());
     } else if (body.ok()) {
       trailer.push_back(hop_->Trailer());
     }
@@ -364,107 +369,11 @@ class PeerService::UploadCall final
     side->SetWaiting();
   }
 
-  // A learn task whose sender is not the caller's certificate is accepted
-  // only as a broadcast's forward: signed by its sender, whose certificate
-  // is the job CA's and names it, and passed on by a site of the job.
-  // Sets `caller` to the name the certificate must then carry.
-  grpc::Status CheckForwarded(const v1::ModelHeader& header,
-                              const std::string& what, std::string* caller) {
-    const std::shared_ptr<const security::ModelSignatureVerifier>& verifier =
-        service_->options_.verifier;
-    if (!header.digest_signature().empty() && verifier != nullptr) {
-      signed_header_ = header;  // Checked once the body is in.
-    }
-    if (!service_->options_.tls) return grpc::Status::OK;
-    const security::PeerIdentity identity = security::IdentityOf(*context_);
-    if (!identity.authenticated || identity.name == header.sender() ||
-        header.kind() != v1::MODEL_KIND_LEARN_TASK ||
-        header.digest_signature().empty()) {
-      return grpc::Status::OK;  // Authorize judges it.
-    }
-    auto refuse = [&](grpc::StatusCode code, std::string reason) {
-      SWARM_LOG_WARNING("refused %s forwarded by %s for %s (%s): %s", what,
-                        identity.name, header.sender(), context_->peer(),
-                        reason);
-      return grpc::Status(code, reason);
-    };
-    if (verifier == nullptr) {
-      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                    "this site cannot check forwarded models (no CA loaded)");
-    }
-    const std::optional<v1::JobConfig> job = service_->controller_->job();
-    if (!job.has_value() || FindSite(*job, identity.name) == nullptr) {
-      return refuse(grpc::StatusCode::PERMISSION_DENIED,
-                    absl::StrCat("a forwarded learn task must come from a "
-                                 "site of the job; ",
-                                 identity.name, " is not one"));
-    }
-    if (absl::Status signer = verifier->VerifySigner(
-            header.signer_certificate_pem(), header.sender());
-        !signer.ok()) {
-      return refuse(grpc::StatusCode::PERMISSION_DENIED,
-                    absl::StrCat("learn task forwarded by ", identity.name,
-                                 ": ", signer.message()));
-    }
-    forwarded_by_ = identity.name;
-    *caller = identity.name;
-    return grpc::Status::OK;
-  }
-
-  // A forward list names each other site of the job at most once, and only
-  // a learn task has one: a longer or looping list would make the sites
-  // pass one stream around without end.
-  grpc::Status CheckRelayList(const v1::ModelHeader& header) {
-    if (header.relay_to_size() == 0) return grpc::Status::OK;
-    auto bad = [](std::string why) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("relay_to: ", why));
-    };
-    if (header.kind() != v1::MODEL_KIND_LEARN_TASK &&
-        header.kind() != v1::MODEL_KIND_PARTIAL_SUM) {
-      return bad("only a learn task or a partial sum is forwarded");
-    }
-    const std::optional<v1::JobConfig> job = service_->controller_->job();
-    if (!job.has_value()) return bad("this site has no job");
-    std::set<std::string> seen;
-    for (const std::string& site : header.relay_to()) {
-      if (FindSite(*job, site) == nullptr) {
-        return bad(absl::StrCat("\"", site, "\" is not a site of job ",
-                                job->job_id()));
-      }
-      if (site == service_->controller_->site() || site == header.sender()) {
-        return bad(
-            absl::StrCat("names ", site, ", which already has the stream"));
-      }
-      if (!seen.insert(site).second) {
-        return bad(absl::StrCat("names ", site, " twice"));
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  // The assembled model, or why its signature does not hold.
-  absl::StatusOr<Model> Verified(absl::StatusOr<Model> model) {
-    if (!model.ok() || !signed_header_.has_value()) return model;
-    absl::Status verified = service_->options_.verifier->VerifyHeader(
-        *signed_header_, receiver_.assembler()->stream_digest());
-    if (verified.ok()) return model;
-    const std::string by =
-        forwarded_by_.empty()
-            ? std::string("sent by ")
-            : absl::StrCat("forwarded by ", forwarded_by_, " for ");
-    SWARM_LOG_WARNING("refused a learn task %s%s: %s", by,
-                      signed_header_->sender(), verified.message());
-    return absl::Status(
-        verified.code(),
-        absl::StrCat("learn task ", by, signed_header_->sender(), ": ",
-                     verified.message()));
-  }
-
   PeerService* const service_;
   grpc::CallbackServerContext* const context_;
   v1::Reply* const reply_;
   ModelReceiver receiver_;
+  UploadChecks checks_;
   const std::shared_ptr<Side> side_;
   std::shared_ptr<RelayedStream> stream_;
   std::unique_ptr<CallSlot> slot_;
@@ -475,10 +384,6 @@ class PeerService::UploadCall final
   std::string next_address_;  // A forward's or a hop's next site.
   ReceivedModel received_;    // What the header announced.
   absl::StatusOr<Model> body_ = absl::UnknownError("no body yet");
-  // A signed stream: its header, checked against the digest at the end.
-  std::optional<v1::ModelHeader> signed_header_;
-  // A broadcast's forward: the previous hop.
-  std::string forwarded_by_;
   // A hop's output.
   std::unique_ptr<HopOutput> hop_;
 };
