@@ -106,10 +106,10 @@ void RelayProtocol::Tick(absl::Time now) {
     // The next hop stopped taking frames (frozen, or its own next hop is).
     // The cancelled write may not come back until it wakes: the onward call
     // ends now, so that this site reads on and its caller hears why.
-    EndOnward(absl::DeadlineExceededError(
-                  absl::StrCat(what_, ": no frame taken for ",
-                               absl::FormatDuration(budgets_.stall))),
-              /*cancel=*/true);
+    const std::string why = absl::StrCat(what_, ": no frame taken for ",
+                                         absl::FormatDuration(budgets_.stall));
+    actions_.given_up = absl::StrCat("the next hop (", next_, "): ", why);
+    EndOnward(absl::DeadlineExceededError(why), /*cancel=*/true);
   }
   if (reading_ && !sender_given_up_ && !incoming_.has_value() &&
       now >= read_since_ + budgets_.idle) {
@@ -118,6 +118,8 @@ void RelayProtocol::Tick(absl::Time now) {
     // chain submits directly instead of waiting for the round's timeout.
     sender_given_up_ = true;
     actions_.cancel_incoming = true;
+    actions_.given_up = absl::StrCat("the sender: ", what_, ": no frame for ",
+                                     absl::FormatDuration(budgets_.idle));
   }
   Pump(now);
 }

@@ -105,6 +105,8 @@ class RelayProtocol {
     std::optional<v1::Reply> answer;
     // kSource: forwarding is over, with the next hop's reply or why not.
     std::optional<absl::StatusOr<v1::Reply>> onward_done;
+    // A budget ran out: what was given up and why (for the log).
+    std::string given_up;
   };
 
   // `next` names the next hop in the relayed answers and in errors; `what`

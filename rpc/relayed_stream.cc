@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "rpc/grpc_stream.h"
 #include "rpc/stream_watchdog.h"
 
@@ -72,8 +73,7 @@ RelayedStream::RelayedStream(RelayProtocol::Mode mode, RelayBudgets budgets,
                              std::string next, std::string what,
                              StreamWatchdog* watchdog,
                              std::shared_ptr<Side> side)
-    : what_(what),
-      watchdog_(watchdog),
+    : watchdog_(watchdog),
       side_(std::move(side)),
       protocol_(mode, budgets, std::move(next), std::move(what)) {}
 
@@ -201,7 +201,7 @@ bool RelayedStream::Step(const Input& input,
 void RelayedStream::Arm(absl::Time deadline) {
   // Armed again only for an earlier deadline: a later one is found when
   // this one fires (not one watchdog wake per frame).
-  watchdog_->Watch(this, deadline, what_, [weak = weak_from_this()] {
+  watchdog_->Watch(this, deadline, /*what=*/"", [weak = weak_from_this()] {
     if (std::shared_ptr<RelayedStream> stream = weak.lock()) {
       stream->OnTimer();
     }
@@ -209,6 +209,9 @@ void RelayedStream::Arm(absl::Time deadline) {
 }
 
 void RelayedStream::Carry(const RelayProtocol::Actions& actions) {
+  if (!actions.given_up.empty()) {
+    SWARM_LOG_WARNING("giving up %s", actions.given_up);
+  }
   if (actions.cancel_incoming) side_->CancelIncoming();
   if (actions.read) side_->Read();
   if (actions.to_site.has_value()) side_->TellSite(*actions.to_site);

@@ -98,7 +98,6 @@ class RelayedStream : public std::enable_shared_from_this<RelayedStream> {
   void OnWriteDone(bool ok);
   void OnOnwardEnd(absl::StatusOr<v1::Reply> reply);
 
-  const std::string what_;
   StreamWatchdog* const watchdog_;
   const std::shared_ptr<Side> side_;
   mutable absl::Mutex mu_;
