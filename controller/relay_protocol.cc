@@ -108,7 +108,9 @@ void RelayProtocol::Tick(absl::Time now) {
     // ends now, so that this site reads on and its caller hears why.
     const std::string why = absl::StrCat(what_, ": no frame taken for ",
                                          absl::FormatDuration(budgets_.stall));
-    actions_.given_up = absl::StrCat("the next hop (", next_, "): ", why);
+    actions_.given_up = absl::StrCat(
+        "the next hop", next_.empty() ? "" : absl::StrCat(" (", next_, ")"),
+        ": ", why);
     EndOnward(absl::DeadlineExceededError(why), /*cancel=*/true);
   }
   if (reading_ && !sender_given_up_ && !incoming_.has_value() &&
