@@ -48,18 +48,6 @@ absl::string_view FaultName(Fault fault) {
   return "?";
 }
 
-// One call on its way: the message, what the network does to it, and the
-// caller's `done`.
-struct FakeNetwork::Call {
-  CallRecord record;
-  PeerMessage message;
-  PeerTransport::Done done;
-  std::optional<Fault> fault;
-  absl::Duration latency = absl::ZeroDuration();
-  absl::Duration transfer = absl::ZeroDuration();
-  SiteDriver* target = nullptr;
-};
-
 // The PeerTransport of one site: every call names that site as its sender.
 class FakeNetwork::SiteTransport final : public PeerTransport {
  public:
@@ -213,41 +201,9 @@ SiteDriver* FakeNetwork::Target(const std::string& name) const {
 // ---------------------------------------------------------------------------
 // A call: send, arrive, deliver (once or twice), answer.
 
-void FakeNetwork::SendRelayed(const std::string& from, const v1::SiteInfo& to,
-                              PeerMessage message, PeerTransport::Done done) {
-  std::vector<std::string> rest(message.header.relay_to().begin(),
-                                message.header.relay_to().end());
-  message.header.clear_relay_to();
-  PeerMessage onward = message;  // Shares the model.
-  Send(
-      from, to, std::move(message),
-      [this, forwarder = to.name(), onward = std::move(onward), rest,
-       done = std::move(done)](absl::StatusOr<PeerReply> reply) mutable {
-        // A forwarder that refused the stream forwards nothing.
-        if (!reply.ok() || rest.empty()) return done(std::move(reply));
-        v1::SiteInfo next;
-        next.set_name(rest[0]);
-        for (size_t i = 1; i < rest.size(); ++i) {
-          onward.header.add_relay_to(rest[i]);
-        }
-        SendRelayed(
-            forwarder, next, std::move(onward),
-            [reply = std::move(*reply), next = rest[0], done = std::move(done)](
-                absl::StatusOr<PeerReply> forwarded) mutable {
-              AddRelayed(next,
-                         forwarded.ok() ? absl::StatusOr<v1::Reply>(
-                                              std::move(forwarded->reply))
-                                        : forwarded.status(),
-                         &reply.reply);
-              done(std::move(reply));
-            });
-      });
-}
-
 void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,
                        PeerMessage message, PeerTransport::Done done) {
-  if (message.is_model_stream() && message.header.relay_to_size() > 0 &&
-      message.header.kind() == v1::MODEL_KIND_LEARN_TASK) {
+  if (Relayed(message)) {
     return SendRelayed(from, to, std::move(message), std::move(done));
   }
   auto call = std::make_shared<Call>();
@@ -275,7 +231,8 @@ void FakeNetwork::Send(const std::string& from, const v1::SiteInfo& to,
   if (call->target == nullptr) {
     return Answer(call, Unavailable(record, "no such site"));
   }
-  At(record.start + call->latency, [this, call] { Arrive(call); });
+  At(record.start + call->latency,
+     [this, call] { Run(call->record.to, [this, call] { Arrive(call); }); });
 }
 
 void FakeNetwork::Plan(Call& call) {
@@ -404,74 +361,48 @@ void FakeNetwork::DeliverStream(
     peer.reply = std::move(reply);
     answered(std::move(peer));
   };
-  // A partial sum passing through (chain reduction): the sum the site's
-  // sink puts out is collected, then sent on as the next hop's stream
-  // (store and forward; the gRPC service forwards each chunk at once).
-  std::shared_ptr<MemorySink> onward;
-  if (const ModelAdmission::ChainHop* hop = receiver->chain_hop()) {
-    onward = std::make_shared<MemorySink>();
-    absl::Status began = onward->Begin(hop->onward, hop->own->specs());
-    receiver->set_emit([onward, began](uint32_t index, uint64_t offset,
-                                       absl::string_view data) {
-      if (!began.ok()) return began;
-      absl::StatusOr<char*> dst =
-          onward->WritableRange(index, offset, data.size());
-      if (!dst.ok()) return dst.status();
-      std::memcpy(*dst, data.data(), data.size());
-      return onward->CommitRange(index, offset, data.size());
-    });
-  }
-  // The body, after its transfer time.
-  At(Now() + call->transfer, [this, call, chunker, receiver, answered, finished,
-                              onward] {
-    Assembler* assembler = receiver->assembler();
-    if (!Reachable(call->record)) {
-      // The connection broke mid-stream: the target's read fails.
-      const absl::Status broken =
-          Unavailable(call->record, "connection lost mid-stream");
-      if (assembler != nullptr) assembler->Abort(broken);
-      receiver->Finish(broken, [](v1::Reply) {});
-      return answered(broken);
-    }
-    absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
-    if (assembler != nullptr) {
-      absl::Status fed;
-      while (fed.ok()) {
-        std::optional<ChunkRef> chunk = chunker->NextChunk();
-        if (!chunk.has_value()) {
-          fed = assembler->OnTrailer(chunker->Trailer());
-          break;
-        }
-        fed =
-            assembler->OnChunk(chunk->tensor_index, chunk->offset, chunk->data);
-      }
-      body = assembler->Finish();
-    }
-    const ModelAdmission::ChainHop* hop = receiver->chain_hop();
-    if (hop == nullptr || !body.ok()) {
-      return receiver->Finish(std::move(body), finished);
-    }
-    absl::StatusOr<Model> sum = onward->Finish();
-    if (!sum.ok()) return receiver->Finish(sum.status(), finished);
-    PeerMessage next;
-    next.kind = CallKind::kSubmitResult;
-    next.header = hop->onward;
-    next.model = std::make_shared<const Model>(std::move(*sum));
-    v1::SiteInfo to;
-    to.set_name(hop->next);
-    Send(call->record.to, to, std::move(next),
-         [receiver, finished](absl::StatusOr<PeerReply> reply) {
-           const absl::Status status =
-               reply.ok() ? StatusFromHopReply(reply->reply) : reply.status();
-           receiver->Finish(
-               status.ok() ? absl::StatusOr<Model>(Model()) : status, finished);
-         });
-  });
+  // The body, after its transfer time. (Partial sums, which pass through
+  // sites, are relayed streams: fake_relay.cc.)
+  At(Now() + call->transfer,
+     [this, call, chunker, receiver, answered, finished] {
+       Assembler* assembler = receiver->assembler();
+       if (!Reachable(call->record)) {
+         // The connection broke mid-stream: the target's read fails.
+         const absl::Status broken =
+             Unavailable(call->record, "connection lost mid-stream");
+         if (assembler != nullptr) assembler->Abort(broken);
+         receiver->Finish(broken, [](v1::Reply) {});
+         return answered(broken);
+       }
+       absl::StatusOr<Model> body = absl::InvalidArgumentError("bad header");
+       if (assembler != nullptr) {
+         absl::Status fed;
+         while (fed.ok()) {
+           std::optional<ChunkRef> chunk = chunker->NextChunk();
+           if (!chunk.has_value()) {
+             fed = assembler->OnTrailer(chunker->Trailer());
+             break;
+           }
+           fed = assembler->OnChunk(chunk->tensor_index, chunk->offset,
+                                    chunk->data);
+         }
+         body = assembler->Finish();
+       }
+       receiver->Finish(std::move(body), finished);
+     });
 }
 
 void FakeNetwork::Answer(std::shared_ptr<Call> call,
                          absl::StatusOr<PeerReply> reply) {
   CallRecord& record = call->record;
+  {
+    absl::MutexLock lock(&mu_);
+    if (call->answered) return;  // A relayed stream given up already.
+    call->answered = true;
+  }
+  if (call->pipe != nullptr) {
+    BreakPipe(call->pipe, absl::CancelledError("the call ended"));
+  }
   if (reply.ok() && call->fault == Fault::kDropReply) {
     reply = absl::DeadlineExceededError(absl::StrCat(
         "fake network: ", Describe(record), ": the reply was lost"));
@@ -494,8 +425,15 @@ void FakeNetwork::Answer(std::shared_ptr<Call> call,
     --in_flight_;
   }
   // Replies travel back at once, but never inside the caller's Send.
-  At(Now(), [call, reply = std::move(reply)]() mutable {
-    call->done(std::move(reply));
+  // Taken out of the call: a relayed stream's `done` holds the node that
+  // holds the call.
+  PeerTransport::Done done = std::move(call->done);
+  call->done = nullptr;
+  At(Now(), [this, from = record.from, done = std::move(done),
+             reply = std::move(reply)]() mutable {
+    Run(from, [done = std::move(done), reply = std::move(reply)]() mutable {
+      done(std::move(reply));
+    });
   });
 }
 

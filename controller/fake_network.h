@@ -20,6 +20,14 @@
 //   network's own thread pool, the sites' work on theirs; for
 //   ThreadSanitizer.
 //
+// Streams that pass through sites (a broadcast's learn task, ModelHeader.
+// relay_to; a chain reduction's partial sums) go frame by frame over links
+// that hold a few frames, each site driving the same RelayProtocol
+// (controller/relay_protocol.h) as PeerService, with the budgets its machine
+// decided: backpressure, the stall and idle give-ups and a frozen site run
+// in virtual time. Other streams are delivered whole after their transfer
+// time.
+//
 // Faults are judged when a call starts (the observer runs first, so it can
 // change them for that very call); isolation is checked again when a message
 // arrives and between a stream's header and its body.
@@ -123,6 +131,11 @@ class FakeNetwork {
   // both sides, as an iptables cut on one host does).
   void CutLinks(const std::string& site, const std::set<std::string>& others);
   void Heal();  // Ends the partition and every cut link.
+  // Freezes `site` as a stopped process would be: calls to it wait, and it
+  // takes no frame, reply or timer of a relayed stream (its links fill and
+  // its senders stall) until Thaw. Its machine's own timers still run.
+  void Freeze(const std::string& site);
+  void Thaw(const std::string& site);
 
   // Applies `fault` to the next `count` matching calls (count < 0: to every
   // one). Rules are tried in the order added; the first that matches wins.
@@ -139,6 +152,13 @@ class FakeNetwork {
   void set_hold_permission_retries(bool hold);
   // Chunk size for model streams (default: the header's, else the least).
   void set_chunk_size(uint64_t bytes);
+  // Frames a link holds before a write waits (socket buffers; default 4).
+  void set_link_window(size_t frames);
+
+  // The relay protocol's obligations an adapter broke (two reads at once,
+  // a write while one is in flight): each also breaks its stream. Tests
+  // expect none.
+  std::vector<std::string> ProtocolErrors() const;
 
   // Called at the start of every call, before faults are judged, outside
   // the network's lock (it may change faults or isolate sites).
@@ -158,16 +178,47 @@ class FakeNetwork {
 
  private:
   class SiteTransport;
-  struct Call;
+  class Pipe;
+  class RelayNode;
+  struct Frame;
+  // One call on its way: the message, what the network does to it, and the
+  // caller's `done`.
+  struct Call {
+    CallRecord record;
+    PeerMessage message;
+    PeerTransport::Done done;
+    std::optional<Fault> fault;
+    absl::Duration latency = absl::ZeroDuration();
+    absl::Duration transfer = absl::ZeroDuration();
+    SiteDriver* target = nullptr;
+    // A relayed stream's link (fake_relay.cc); broken when it is answered.
+    std::shared_ptr<Pipe> pipe;
+    bool answered = false;  // Guarded by the network's mu_.
+  };
 
   void Send(const std::string& from, const v1::SiteInfo& to,
             PeerMessage message, PeerTransport::Done done);
-  // A stream with a forward list (ModelHeader.relay_to), as PeerService
-  // forwards it: to `to`, then from each site to the next, the answers
-  // folded into the first hop's reply (Reply.relayed). Store and forward
-  // here; the gRPC service pipelines the frames, which changes timing only.
+  // Relayed streams (fake_relay.cc): a learn task with a forward list or a
+  // partial sum, sent frame by frame by a kSource RelayProtocol.
+  static bool Relayed(const PeerMessage& message);
   void SendRelayed(const std::string& from, const v1::SiteInfo& to,
                    PeerMessage message, PeerTransport::Done done);
+  // A relayed stream's call from `from` to `to` with `header`, its link and
+  // its record (Plan runs); Launch then sends it on its way.
+  std::shared_ptr<Call> NewRelayedCall(const std::string& from,
+                                       const std::string& to, CallKind kind,
+                                       const v1::ModelHeader& header,
+                                       uint64_t body_bytes);
+  void Launch(std::shared_ptr<Call> call);
+  // The relayed stream reached its target: the header frame, then a
+  // receiving RelayNode.
+  void ArriveRelayed(std::shared_ptr<Call> call);
+  void AdmitRelayed(std::shared_ptr<Call> call, const v1::ModelHeader& header);
+  // Runs `step` on `site`'s behalf now, or when it thaws.
+  void Run(const std::string& site, std::function<void()> step);
+  void NoteProtocolError(std::string error);
+  // Breaks a relayed stream's link: a pending read or write fails.
+  static void BreakPipe(const std::shared_ptr<Pipe>& pipe, absl::Status why);
   // Fills in the call's faults and delay (the observer runs first).
   void Plan(Call& call);
   void Arrive(std::shared_ptr<Call> call);
@@ -209,6 +260,10 @@ class FakeNetwork {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> partition_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<std::string, std::string>> cut_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::function<void()>>> frozen_
+      ABSL_GUARDED_BY(mu_);
+  size_t link_window_ ABSL_GUARDED_BY(mu_) = 4;
+  std::vector<std::string> protocol_errors_ ABSL_GUARDED_BY(mu_);
   // REQUIRES: mu_ held. Whether a partition separates `a` and `b`.
   bool Partitioned(const std::string& a, const std::string& b) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

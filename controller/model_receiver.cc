@@ -17,6 +17,7 @@ absl::Status ModelReceiver::Begin(const v1::ModelHeader& header,
     return absl::OkStatus();
   }
   sink_ = std::move(admission->sink);
+  relay_ = admission->relay;
   if (admission->chain_hop.has_value()) {
     chain_hop_ = std::move(admission->chain_hop);
     sink_ = std::make_unique<PartialSumSink>(

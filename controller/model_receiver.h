@@ -55,6 +55,9 @@ class ModelReceiver {
     return chain_hop_.has_value() ? &*chain_hop_ : nullptr;
   }
   void set_emit(PartialSumSink::Emit emit) { emit_ = std::move(emit); }
+  // The relay protocol's budgets for the stream, as the site decided them
+  // (ModelAdmission::relay). REQUIRES: Begin returned OK.
+  const RelayBudgets& relay_budgets() const { return relay_; }
 
   // The site answered at the header (a failed result, a final model it
   // already stored).
@@ -81,6 +84,7 @@ class ModelReceiver {
   std::optional<v1::Reply> early_reply_;
   std::unique_ptr<TensorSink> sink_;
   std::optional<ModelAdmission::ChainHop> chain_hop_;
+  RelayBudgets relay_;
   PartialSumSink::Emit emit_;
   MemorySink memory_;
   std::unique_ptr<Assembler> assembler_;

@@ -1,8 +1,8 @@
 // Simulated jobs with the pipelined broadcast of learn tasks
 // (JobConfig.broadcast_learn_tasks): the scatterer sends one stream, which
 // goes along the round's other trainers; a break in the chain falls back to
-// direct sends. The fake network forwards as PeerService does (store and
-// forward instead of pipelined, which changes timing only).
+// direct sends. The fake network forwards frame by frame as PeerService
+// does, through the same RelayProtocol (fake_relay.cc).
 #include <map>
 #include <optional>
 #include <set>

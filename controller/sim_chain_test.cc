@@ -3,8 +3,8 @@
 // requests together with a chain, the partial sum goes from trainer to
 // trainer and reaches the aggregator as one stream; a break sends the
 // trainers it did not carry back to direct submissions. The fake network
-// passes the sum on store-and-forward (PeerService does it per chunk), which
-// changes timing only.
+// passes the sum on chunk by chunk as PeerService does, through the same
+// RelayProtocol (fake_relay.cc).
 #include <map>
 #include <set>
 #include <string>

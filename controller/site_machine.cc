@@ -16,6 +16,25 @@
 #include "streaming/digest.h"
 
 namespace swarm {
+namespace {
+
+// A stream's relay budgets: the sender of a partial sum (at a hop or at the
+// aggregator) is given up after a failover timeout of silence, so that a
+// frozen hop does not hold its contributors' results until the round's
+// timeout; a next hop, after a failover timeout per hop from it on.
+RelayBudgets StreamBudgets(const v1::ModelHeader& header,
+                           absl::Duration failover) {
+  RelayBudgets budgets;
+  if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
+    budgets.idle = RelayIdleBudget(failover);
+  }
+  if (header.relay_to_size() > 0) {
+    budgets.stall = RelayStallBudget(failover, header.relay_to_size() - 1);
+  }
+  return budgets;
+}
+
+}  // namespace
 
 SiteMachine::SiteMachine(SiteMachineOptions options)
     : options_(std::move(options)), run_(std::make_unique<JobRun>()) {
@@ -551,6 +570,9 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
           DiskSink::Keep::kUnlinkWhenMapped);
     }
     answer = std::move(admission);
+  }
+  if (answer.ok() && !answer->header_only) {
+    answer->relay = StreamBudgets(header, run_->job->failover_timeout());
   }
   out_.push_back(effect::Reply{e.request, std::move(answer)});
 }

@@ -42,6 +42,7 @@
 #include "controller/job_view.h"
 #include "controller/lineage.h"
 #include "controller/peer_message.h"
+#include "controller/relay_protocol.h"
 #include "controller/state_change.h"
 #include "learner/learner.h"
 #include "model/model.h"
@@ -77,6 +78,11 @@ struct ModelAdmission {
     std::string next;
   };
   std::optional<ChainHop> chain_hop;
+  // The relay protocol's budgets for this stream (controller/
+  // relay_protocol.h), decided here: how long the sender of a partial sum
+  // may stay silent, and how long the next hop (relay_to[0], or
+  // chain_hop->next) may take no frame before it is given up.
+  RelayBudgets relay;
 };
 
 // ---------------------------------------------------------------------------

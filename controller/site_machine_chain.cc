@@ -150,8 +150,8 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
   message.timeout = run_->job->learn_task_ack_timeout();
   // A hop frozen further down stalls every hop above it until its own
   // forwarder gives it up: the first hop waits longest.
-  message.relay_stall =
-      run_->job->failover_timeout() * static_cast<int64_t>(rest.size() + 1);
+  message.relay_stall = RelayStallBudget(run_->job->failover_timeout(),
+                                         static_cast<int>(rest.size()));
   Call call;
   call.purpose = Call::Purpose::kChainSubmit;
   call.round = task.round;

@@ -89,10 +89,10 @@ void SiteMachine::ScatterRound(uint32_t round,
     for (size_t i = 1; i < chain.size(); ++i) {
       message.header.add_relay_to(chain[i]);
     }
-    // Each forwarder waits failover_timeout per hop after it (PeerService),
-    // this site one more.
-    message.relay_stall =
-        run_->job->failover_timeout() * static_cast<int64_t>(chain.size() + 1);
+    // Each forwarder waits failover_timeout per hop after it, this site one
+    // more.
+    message.relay_stall = RelayStallBudget(run_->job->failover_timeout(),
+                                           static_cast<int>(chain.size()));
     Call call;
     call.purpose = Call::Purpose::kTaskToTrainer;
     call.round = round;

@@ -1,7 +1,8 @@
-// Forwards a model stream's frames to the next site while they arrive (the
-// pipelined broadcast of a learn task, JobConfig.broadcast_learn_tasks): a
-// client-streaming call whose frames the receiving call pushes, one write in
-// flight at a time.
+// Sends a model stream's frames to the next site as they are pushed (the
+// head of a pipelined broadcast, JobConfig.broadcast_learn_tasks, or of a
+// reduction chain): a client-streaming call, one write in flight at a time.
+// A RelayedStream in RelayProtocol's kSource mode: the protocol decides
+// backpressure and the stall give-up (controller/relay_protocol.h).
 //
 //   auto relay = FrameRelay::Start(channel, "LearnTask", std::move(context),
 //                                  header_frame, options, on_room, done);
@@ -23,18 +24,16 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/swarm.pb.h"
+#include "rpc/relayed_stream.h"
 
 namespace swarm {
 
@@ -82,38 +81,11 @@ class FrameRelay : public std::enable_shared_from_this<FrameRelay> {
   void Cancel();
 
  private:
-  class Call;
+  class Pusher;
   FrameRelay() = default;
 
-  // Takes the next frame to write, if one waits and none is in flight.
-  // Returns false when there is nothing to start.
-  // Sets *writes_done when the stream is closed and every frame went out.
-  bool TakeNextWrite(grpc::ByteBuffer* frame, bool* writes_done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the stall timer for the write just started.
-  void Arm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnWriteDone(bool ok);
-  // The call is over (its OnDone).
-  void Ended();
-  // The stall timeout fired (the call is being cancelled).
-  void OnStalled();
-  // Runs `done` with `result` unless it already ran.
-  void Deliver(absl::StatusOr<v1::Reply> result);
-
-  absl::Mutex mu_;
-  Call* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Until the hold is released.
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  size_t max_queued_ = 8;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
-  bool want_room_ ABSL_GUARDED_BY(mu_) = false;
-  std::function<void()> on_room_;
-  Done done_ ABSL_GUARDED_BY(mu_);
-  StreamWatchdog* watchdog_ = nullptr;
-  absl::Duration stall_timeout_;
-  std::string what_;
+  std::shared_ptr<Pusher> pusher_;
+  std::shared_ptr<RelayedStream> stream_;
 };
 
 }  // namespace swarm

@@ -79,18 +79,36 @@ class StreamWatchdog;
 
 class PeerService final : public RawModelService {
  public:
-  // `controller` must outlive the service (shut the server down first).
-  PeerService(SiteDriver* controller, PeerServiceOptions options);
+  // `site` must outlive the service (shut the server down first).
+  PeerService(SiteDriver* site, PeerServiceOptions options);
   ~PeerService() override;
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
 
  private:
   enum class Rule { kAdmin, kAnyPeer, kSender, kFetch };
-  class CallSlot;
+  // One call counted against its peer's budget.
+  class CallSlot {
+   public:
+    CallSlot(PeerService* service, std::string peer)
+        : service_(service), peer_(std::move(peer)) {}
+    ~CallSlot() { service_->ReleaseSlot(peer_); }
+    CallSlot(const CallSlot&) = delete;
+    CallSlot& operator=(const CallSlot&) = delete;
+
+   private:
+    PeerService* service_;
+    std::string peer_;
+  };
+
   class HeldCall;
   class PermissionCall;
   class UploadCall;
+
+  // The methods, registered in the service's order (Configure to
+  // SubmitResult, then ShareBest to Abort).
+  void AddFirstMethods();
+  void AddLastMethods();
 
   // Checks `rule` for the caller and takes one of its call slots (released
   // when `slot` goes away). The error is the gRPC status to return.
@@ -118,7 +136,7 @@ class PeerService final : public RawModelService {
                           const v1::FetchModelRequest* request,
                           grpc::ServerWriter<grpc::ByteBuffer>* writer);
 
-  SiteDriver* const controller_;
+  SiteDriver* const site_;
   const PeerServiceOptions options_;
   std::unique_ptr<StreamWatchdog> watchdog_;
   absl::Mutex mu_;

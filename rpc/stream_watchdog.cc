@@ -50,7 +50,9 @@ void StreamWatchdog::Run() {
     std::vector<std::function<void()>> unlocked;
     for (auto it = watched_.begin(); it != watched_.end();) {
       if (it->second.deadline <= now) {
-        SWARM_LOG_WARNING("cancelling %s", it->second.what);
+        if (!it->second.what.empty()) {
+          SWARM_LOG_WARNING("cancelling %s", it->second.what);
+        }
         if (it->second.under_lock) {
           // Under the lock: Forget (before the call goes away) waits for it.
           it->second.cancel();

@@ -32,7 +32,8 @@ class StreamWatchdog {
   void Watch(grpc::ServerContextBase* context, absl::Time deadline);
 
   // Runs `cancel` on the watchdog's thread at `deadline` unless `key` is
-  // forgotten or watched again first; `what` is logged. Watching a key again
+  // forgotten or watched again first; `what` is logged (empty: nothing is:
+  // a timer that decides for itself). Watching a key again
   // moves its deadline. The watchdog's lock is not held while `cancel` runs
   // (it may call back into the watchdog, as gRPC reactions that a cancel
   // runs inline do), so `cancel` must own what it touches: Forget does not
