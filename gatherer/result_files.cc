@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/storage_error.h"
 #include "gatherer/aggregator_kernels.h"
 
 namespace swarm {
