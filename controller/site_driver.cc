@@ -467,10 +467,14 @@ void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
   // trainer's upload) comes while this call still runs, and the model must
   // not outlive the step that took it (a site's own result, added and let
   // go of before another result is let in).
-  event::ModelBody body{request, message.header, std::move(message.model)};
-  if (*body.model == nullptr) {
-    body.model = absl::InvalidArgumentError("no model in the message");
+  absl::StatusOr<std::shared_ptr<const Model>> model =
+      std::move(message.model);
+  if (*model == nullptr) {
+    model = absl::InvalidArgumentError("no model in the message");
   }
+  // Before Feed takes the lock: a BEST's digest reads the whole model.
+  event::ModelBody body =
+      event::MakeModelBody(request, message.header, std::move(model));
   Feed(std::move(body), request, [done_reply](effect::Reply& r) {
     done_reply(std::get<v1::Reply>(std::move(r.answer)));
   });

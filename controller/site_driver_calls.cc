@@ -169,14 +169,13 @@ absl::StatusOr<ModelAdmission> SiteDriver::AdmitModel(
 
 void SiteDriver::OnModel(const v1::ModelHeader& header,
                          absl::StatusOr<Model> model, ReplyDone done) {
-  event::ModelBody body;
-  body.request = NewRequest();
-  body.header = header;
-  if (model.ok()) {
-    body.model = std::make_shared<const Model>(std::move(*model));
-  } else {
-    body.model = model.status();
-  }
+  absl::StatusOr<std::shared_ptr<const Model>> shared =
+      model.ok() ? absl::StatusOr<std::shared_ptr<const Model>>(
+                       std::make_shared<const Model>(std::move(*model)))
+                 : model.status();
+  // Before Feed takes the lock: a BEST's digest reads the whole model.
+  event::ModelBody body =
+      event::MakeModelBody(NewRequest(), header, std::move(shared));
   const RequestId id = body.request;
   Feed(std::move(body), id, [done = std::move(done)](effect::Reply& r) {
     done(std::get<v1::Reply>(std::move(r.answer)));

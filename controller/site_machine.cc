@@ -577,6 +577,18 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   out_.push_back(effect::Reply{e.request, std::move(answer)});
 }
 
+namespace event {
+ModelBody MakeModelBody(RequestId request, v1::ModelHeader header,
+                        absl::StatusOr<std::shared_ptr<const Model>> model) {
+  ModelBody body{request, std::move(header), std::move(model), {}};
+  if (body.header.kind() == v1::MODEL_KIND_BEST && body.model.ok() &&
+      *body.model != nullptr) {
+    body.content_digest = ModelContentDigest(**body.model);
+  }
+  return body;
+}
+}  // namespace event
+
 void SiteMachine::OnModelBody(event::ModelBody& e) {
   const v1::ModelHeader& header = e.header;
   absl::Status job =
@@ -603,7 +615,7 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
           header.sender() != run_->record.best.site() &&
           header.sender() !=
               run_->job->AggregatorAt(header.final_round(), header.attempt()) &&
-          ModelContentDigest(**e.model) != run_->record.best.digest()) {
+          e.content_digest != run_->record.best.digest()) {
         // Neither the scorer nor the final aggregator: only the model
         // whose digest the record carries is taken from it.
         return Reply(e.request,

@@ -110,12 +110,20 @@ struct ModelHeader {
   v1::ModelHeader header;
 };
 // The body of a stream whose header was admitted (and not header-only):
-// the model, or why assembly failed.
+// the model, or why assembly failed. Made by MakeModelBody.
 struct ModelBody {
   RequestId request = 0;
   v1::ModelHeader header;
   absl::StatusOr<std::shared_ptr<const Model>> model;
+  // A BEST model's ModelContentDigest (empty for other kinds or no model):
+  // a BEST from a site that is neither its scorer nor the final aggregator
+  // is taken only if this matches the best record's digest.
+  std::string content_digest;
 };
+// REQUIRES: called outside the machine's lock: for a BEST model it reads
+// the whole model to fill `content_digest`.
+ModelBody MakeModelBody(RequestId request, v1::ModelHeader header,
+                        absl::StatusOr<std::shared_ptr<const Model>> model);
 // A trainer asks to submit; a RETRY answer may be held until `hold_until`
 // (granted the moment a slot frees or the round opens).
 struct PermissionAsked {

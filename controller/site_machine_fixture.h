@@ -207,7 +207,7 @@ class SiteMachineTest : public ::testing::Test {
       d.header_only = true;
       d.reply = OkReply((*admission)->reply_message);
     } else {
-      Effects body = Step(event::ModelBody{id, header, std::move(model)});
+      Effects body = Step(event::MakeModelBody(id, header, std::move(model)));
       // A result is added outside the step; its answer comes after.
       for (const auto* add : All<effect::AddResult>(body)) {
         Append(body,

@@ -446,7 +446,7 @@ void Scenario::DeliverBody(Site& target, RequestId request,
       body.ok() ? absl::StatusOr<std::shared_ptr<const Model>>(
                       std::make_shared<const Model>(*std::move(body)))
                 : body.status();
-  StepSite(target, event::ModelBody{request, header, std::move(shared)});
+  StepSite(target, event::MakeModelBody(request, header, std::move(shared)));
 }
 
 void Scenario::SendOnward(Site& hop, RequestId request,
@@ -463,7 +463,7 @@ void Scenario::SendOnward(Site& hop, RequestId request,
                           std::make_shared<const Model>())
                     : status;
     StepSite(*sites_.at(name),
-             event::ModelBody{request, header, std::move(model)});
+             event::MakeModelBody(request, header, std::move(model)));
   };
   if (!sum.ok()) return reply_to_hop(sum.status());
   auto call = std::make_shared<Call>();

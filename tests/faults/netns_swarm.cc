@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -273,15 +274,40 @@ std::string NetnsSwarm::Table(const Snapshot& snapshot) {
 absl::Status NetnsSwarm::WaitFor(
     const std::string& job_id, const std::function<bool(const Snapshot&)>& done,
     absl::Time deadline, const std::string& what) {
+  const absl::Time start = absl::Now();
+  // What each site's polls answered, one entry per change ("+1.2s TRAINING
+  // r1"): a timeout then says whether the awaited state was never reached or
+  // fell between two polls.
+  std::map<std::string, std::string> seen;
+  std::map<std::string, std::string> last_seen;
+  int polls = 0;
   Snapshot last;
   while (true) {
     last = Poll(job_id);
+    ++polls;
+    for (const auto& [name, status] : last) {
+      const std::string now =
+          status.ok() ? absl::StrCat(StateName(status->state()), " r",
+                                     status->round())
+                      : std::string(absl::StatusCodeToString(
+                            status.status().code()));
+      if (last_seen[name] == now) continue;
+      last_seen[name] = now;
+      absl::StrAppendFormat(&seen[name], " +%.1fs %s",
+                            absl::ToDoubleSeconds(absl::Now() - start), now);
+    }
     if (done(last)) return absl::OkStatus();
     if (absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("timed out waiting for ", what, "; sites:\n", Table(last)));
+  std::string history;
+  for (const auto& [name, changes] : seen) {
+    absl::StrAppend(&history, "  ", name, ":", changes, "\n");
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "timed out waiting for ", what, " (", polls, " polls in ",
+      absl::FormatDuration(absl::Now() - start), "); sites:\n", Table(last),
+      "what the polls saw:\n", history));
 }
 
 JobOutcome NetnsSwarm::WaitJobEnd(const std::string& job_id,
