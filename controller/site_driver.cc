@@ -467,8 +467,7 @@ void SiteDriver::Loopback(std::shared_ptr<effect::Send> send) {
   // trainer's upload) comes while this call still runs, and the model must
   // not outlive the step that took it (a site's own result, added and let
   // go of before another result is let in).
-  absl::StatusOr<std::shared_ptr<const Model>> model =
-      std::move(message.model);
+  absl::StatusOr<std::shared_ptr<const Model>> model = std::move(message.model);
   if (*model == nullptr) {
     model = absl::InvalidArgumentError("no model in the message");
   }

@@ -17,17 +17,6 @@ namespace swarm {
 namespace agg_internal {
 namespace {
 
-template <typename T>
-inline T LoadRaw(const char* data, uint64_t i) {
-  T value;
-  std::memcpy(&value, data + i * sizeof(T), sizeof(T));
-  return value;
-}
-template <typename T>
-inline void StoreRaw(T value, char* data, uint64_t i) {
-  std::memcpy(data + i * sizeof(T), &value, sizeof(T));
-}
-
 // The vector ISA the hot loops run with (model/dtype_kernels.h).
 using Isa = KernelIsa;
 inline Isa DetectedIsa() { return DetectedKernelIsa(); }

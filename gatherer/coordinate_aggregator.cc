@@ -83,24 +83,10 @@ std::vector<std::pair<uint32_t, uint32_t>> SortingNetwork(uint32_t n) {
   return network;
 }
 
-class CoordinateAggregator final : public Aggregator {
+class CoordinateAggregator final : public FileBackedAggregator {
  public:
   explicit CoordinateAggregator(std::shared_ptr<SharedState> shared)
-      : shared_(std::move(shared)) {}
-
-  absl::Status Add(const Model& result, int64_t sample_count,
-                   v1::PayloadKind kind) override {
-    return files_.Add(result, sample_count, kind);
-  }
-
-  absl::Status AddFile(const std::string& path, int64_t sample_count,
-                       v1::PayloadKind kind) override {
-    return files_.AddFile(path, sample_count, kind);
-  }
-
-  absl::StatusOr<std::unique_ptr<TensorSink>> NewResultSink() override {
-    return NewCheckingSink(shared_);
-  }
+      : FileBackedAggregator(std::move(shared)) {}
 
   absl::StatusOr<Model> Finish() override {
     if (files_.finished()) {
@@ -186,17 +172,6 @@ class CoordinateAggregator final : public Aggregator {
     return out;
   }
 
-  int64_t num_added() const override {
-    return static_cast<int64_t>(files_.size());
-  }
-  int64_t total_samples() const override { return files_.total_samples(); }
-  int64_t sample_claims_clipped() const override {
-    return files_.claims_clipped();
-  }
-  v1::AggregationMethod method() const override {
-    return shared_->options.method;
-  }
-
  private:
   // `rows` holds `count` coordinates of n sorted rows (row k at
   // rows[k * stride]); writes each coordinate's median / trimmed mean.
@@ -226,9 +201,6 @@ class CoordinateAggregator final : public Aggregator {
     }
     for (uint64_t c = 0; c < count; ++c) out[c] /= kept;
   }
-
-  const std::shared_ptr<SharedState> shared_;
-  ResultFiles files_{shared_};
 };
 
 }  // namespace

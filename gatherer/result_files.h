@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -116,6 +117,39 @@ std::vector<Range> PlanBlocks(const Model& base, uint64_t block);
 // Coordinates per block for n inputs: options.block_coordinates, lowered so
 // that n blocks of doubles stay within a per-thread budget.
 uint64_t BlockCoordinates(const AggregatorOptions& options, uint64_t n);
+
+// An Aggregator that keeps every result whole in ResultFiles and combines
+// them in its Finish (the coordinate-wise and the robust rules): the
+// adding, counting and sink half they share.
+class FileBackedAggregator : public Aggregator {
+ public:
+  explicit FileBackedAggregator(std::shared_ptr<SharedState> shared)
+      : shared_(std::move(shared)) {}
+
+  absl::Status Add(const Model& result, int64_t sample_count,
+                   v1::PayloadKind kind) final {
+    return files_.Add(result, sample_count, kind);
+  }
+  absl::Status AddFile(const std::string& path, int64_t sample_count,
+                       v1::PayloadKind kind) final {
+    return files_.AddFile(path, sample_count, kind);
+  }
+  absl::StatusOr<std::unique_ptr<TensorSink>> NewResultSink() final {
+    return NewCheckingSink(shared_);
+  }
+  int64_t num_added() const final {
+    return static_cast<int64_t>(files_.size());
+  }
+  int64_t total_samples() const final { return files_.total_samples(); }
+  int64_t sample_claims_clipped() const final {
+    return files_.claims_clipped();
+  }
+  v1::AggregationMethod method() const final { return shared_->options.method; }
+
+ protected:
+  const std::shared_ptr<SharedState> shared_;
+  ResultFiles files_{shared_};
+};
 
 }  // namespace agg_internal
 }  // namespace swarm

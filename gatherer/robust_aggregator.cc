@@ -52,35 +52,12 @@ const char* MethodLabel(v1::AggregationMethod method) {
   }
 }
 
-class RobustAggregator final : public Aggregator {
+class RobustAggregator final : public FileBackedAggregator {
  public:
   explicit RobustAggregator(std::shared_ptr<SharedState> shared)
-      : shared_(std::move(shared)) {}
-
-  absl::Status Add(const Model& result, int64_t sample_count,
-                   v1::PayloadKind kind) override {
-    return files_.Add(result, sample_count, kind);
-  }
-  absl::Status AddFile(const std::string& path, int64_t sample_count,
-                       v1::PayloadKind kind) override {
-    return files_.AddFile(path, sample_count, kind);
-  }
-  absl::StatusOr<std::unique_ptr<TensorSink>> NewResultSink() override {
-    return NewCheckingSink(shared_);
-  }
+      : FileBackedAggregator(std::move(shared)) {}
 
   absl::StatusOr<Model> Finish() override;
-
-  int64_t num_added() const override {
-    return static_cast<int64_t>(files_.size());
-  }
-  int64_t total_samples() const override { return files_.total_samples(); }
-  int64_t sample_claims_clipped() const override {
-    return files_.claims_clipped();
-  }
-  v1::AggregationMethod method() const override {
-    return shared_->options.method;
-  }
 
  private:
   // Calls fn(part, range, rows) for every block, rows holding the n inputs'
@@ -101,8 +78,6 @@ class RobustAggregator final : public Aggregator {
   absl::Status CenteredClipping(std::string* note);
   absl::Status GeometricMedian(std::string* note);
 
-  const std::shared_ptr<SharedState> shared_;
-  ResultFiles files_{shared_};
   // Set by Finish for its passes.
   std::unique_ptr<ResultFiles::Reader> reader_;
   uint64_t n_ = 0;

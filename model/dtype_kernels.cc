@@ -7,13 +7,6 @@
 namespace swarm {
 namespace {
 
-template <typename T>
-inline T LoadRaw(const char* data, uint64_t i) {
-  T value;
-  std::memcpy(&value, data + i * sizeof(T), sizeof(T));
-  return value;
-}
-
 // This CPU's widest vector ISA (with FMA) among KernelIsa's.
 KernelIsa DetectIsa() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -10,10 +10,24 @@
 #define SWARM_MODEL_DTYPE_KERNELS_H_
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/dtype.h"
 
 namespace swarm {
+
+// Element i of an array of T at `data`, which need not be aligned for T
+// (tensor bytes sit at any offset of a file or a stream's buffer).
+template <typename T>
+inline T LoadRaw(const char* data, uint64_t i) {
+  T value;
+  std::memcpy(&value, data + i * sizeof(T), sizeof(T));
+  return value;
+}
+template <typename T>
+inline void StoreRaw(T value, char* data, uint64_t i) {
+  std::memcpy(data + i * sizeof(T), &value, sizeof(T));
+}
 
 // F32, F64, F16, BF16 and the two FP8 formats.
 bool IsFloatDType(DType dtype);

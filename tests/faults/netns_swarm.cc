@@ -287,10 +287,9 @@ absl::Status NetnsSwarm::WaitFor(
     ++polls;
     for (const auto& [name, status] : last) {
       const std::string now =
-          status.ok() ? absl::StrCat(StateName(status->state()), " r",
-                                     status->round())
-                      : std::string(absl::StatusCodeToString(
-                            status.status().code()));
+          status.ok()
+              ? absl::StrCat(StateName(status->state()), " r", status->round())
+              : std::string(absl::StatusCodeToString(status.status().code()));
       if (last_seen[name] == now) continue;
       last_seen[name] = now;
       absl::StrAppendFormat(&seen[name], " +%.1fs %s",
@@ -304,10 +303,10 @@ absl::Status NetnsSwarm::WaitFor(
   for (const auto& [name, changes] : seen) {
     absl::StrAppend(&history, "  ", name, ":", changes, "\n");
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "timed out waiting for ", what, " (", polls, " polls in ",
-      absl::FormatDuration(absl::Now() - start), "); sites:\n", Table(last),
-      "what the polls saw:\n", history));
+  return absl::DeadlineExceededError(
+      absl::StrCat("timed out waiting for ", what, " (", polls, " polls in ",
+                   absl::FormatDuration(absl::Now() - start), "); sites:\n",
+                   Table(last), "what the polls saw:\n", history));
 }
 
 JobOutcome NetnsSwarm::WaitJobEnd(const std::string& job_id,
