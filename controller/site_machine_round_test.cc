@@ -136,7 +136,7 @@ TEST_F(SiteMachineTest, ResultForAClosedRoundIsDropped) {
   Step(event::ModelHeader{upload, Result("a", 0)});        // Upload under way.
   Effects fx = Fire(*All<effect::SetTimer>(open).back());  // round_timeout.
   ASSERT_EQ(All<effect::RunAggregation>(fx).size(), 1u);
-  fx = Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
+  fx = Step(event::MakeModelBody(upload, Result("a", 0), Shared(2)));
   EXPECT_EQ(OutcomeOf(fx, upload), v1::OUTCOME_REJECTED);
   EXPECT_THAT(Answer<v1::Reply>(fx, upload)->message(), HasSubstr("closed"));
   const Delivery after = Deliver(Result("b", 0), Shared(2));
@@ -152,7 +152,7 @@ TEST_F(SiteMachineTest, RoundOverWhileAResultIsAddedClosesOnceItIsIn) {
   const RequestId upload = next_request_++;
   Step(event::ModelHeader{upload, Result("a", 0)});
   const Effects body =
-      Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
+      Step(event::MakeModelBody(upload, Result("a", 0), Shared(2)));
   const auto adds = All<effect::AddResult>(body);
   ASSERT_EQ(adds.size(), 1u);
   EXPECT_EQ(OutcomeOf(body, upload), std::nullopt) << "answered once added";
@@ -177,7 +177,7 @@ TEST_F(SiteMachineTest, AddEndingAfterTheJobEndedIsDropped) {
   const RequestId upload = next_request_++;
   Step(event::ModelHeader{upload, Result("a", 0)});
   const Effects body =
-      Step(event::ModelBody{upload, Result("a", 0), Shared(2)});
+      Step(event::MakeModelBody(upload, Result("a", 0), Shared(2)));
   ASSERT_EQ(All<effect::AddResult>(body).size(), 1u);
   const effect::AddResult add = *All<effect::AddResult>(body)[0];
   event::Abort abort{next_request_++, {}};

@@ -130,7 +130,7 @@ TEST_F(SiteMachineTest, LearnTaskForAFinishedRoundIsRefused) {
   EXPECT_THAT(old.admitted.message(), HasSubstr("learn task of round 1"));
   EXPECT_THAT(All<effect::StartTraining>(old.effects), IsEmpty());
   // The body alone (past the header check) is refused the same way.
-  const Effects body = Step(event::ModelBody{99, LearnTask(0), Shared(1)});
+  const Effects body = Step(event::MakeModelBody(99, LearnTask(0), Shared(1)));
   EXPECT_EQ(OutcomeOf(body, 99), v1::OUTCOME_REJECTED);
   EXPECT_THAT(All<effect::StartTraining>(body), IsEmpty());
   EXPECT_EQ(Status().round(), 1u);
