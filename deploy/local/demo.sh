@@ -69,7 +69,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) BIN_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
     --quick) SITES=3; ROUNDS=3; ROUNDS_SET=1; MAX_TRAIN=12000; shift ;;
-    -h|--help) sed -n 2,32p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -e/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
