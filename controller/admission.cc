@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace swarm {
 namespace {
@@ -128,6 +130,14 @@ absl::Status CheckFinalRound(const JobView& job, const SiteRecord& site,
   if (!EarlyStopReason(job, header.best(), final_round).empty()) {
     return absl::OkStatus();
   }
+  // Trainers that stopped at their privacy budget: only the final round's
+  // aggregator saw their reports, so its word (the finals' end_reason) is
+  // taken, as its aggregate is.
+  if (auto reason = header.metadata().find("end_reason");
+      reason != header.metadata().end() &&
+      absl::StartsWith(reason->second, kTooFewTrainersStop)) {
+    return absl::OkStatus();
+  }
   return absl::PermissionDeniedError(absl::StrCat(
       "final models of round ", final_round, " refused: the job's last round ",
       "is ", job.last_round(), " and its best record (",
@@ -246,6 +256,23 @@ std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
                         "(stop_patience_rounds ", patience, ")");
   }
   return "";
+}
+
+std::string TooFewTrainersReason(const JobView& job, uint32_t round,
+                                 int trainers,
+                                 const std::set<std::string>& stopped) {
+  if (round >= job.last_round() || stopped.empty()) return "";
+  // WithDefaults sets it (every trainer when the job does not say).
+  const uint32_t configured = job.config().min_responses_required();
+  const int minimum = configured > 0 ? static_cast<int>(configured) : trainers;
+  const int remaining = trainers - static_cast<int>(stopped.size());
+  if (remaining >= minimum) return "";
+  return absl::StrCat(kTooFewTrainersStop, " after round ", round, ": ",
+                      absl::StrJoin(stopped, ","),
+                      " stopped training at their privacy budget; ",
+                      std::max(remaining, 0), " of ", trainers,
+                      " trainer(s) left, fewer than min_responses_required ",
+                      minimum);
 }
 
 bool IsTerminal(v1::SiteState state) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,20 @@ struct SiteRecord {
 // reached, or stop_patience_rounds without a better record. "" to go on.
 std::string EarlyStopReason(const JobView& job, const v1::BestRecord& best,
                             uint32_t round);
+
+// The start of every reason TooFewTrainersReason gives.
+inline constexpr char kTooFewTrainersStop[] =
+    "early stop: too few trainers remain";
+
+// Why the job ends after `round` although rounds remain because trainers
+// stopped training for it for good (their privacy budget spent: `stopped`,
+// ModelHeader.trainer_stopped) and fewer than the round's minimum remain:
+// `trainers` (the round's, `stopped` included) minus `stopped` is below
+// min_responses_required (whose default is every trainer: a job that does
+// not lower it ends when any trainer stops). "" to go on.
+std::string TooFewTrainersReason(const JobView& job, uint32_t round,
+                                 int trainers,
+                                 const std::set<std::string>& stopped);
 
 // Whether `state` ends the job at this site.
 bool IsTerminal(v1::SiteState state);

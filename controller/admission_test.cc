@@ -273,6 +273,46 @@ TEST_F(AdmissionTest, BestFromTheRecordsHolderOrTheLastAggregator) {
                 last + ")"));
 }
 
+// Trainers out of privacy budget end the job early: the final round's
+// aggregator says so in the finals' end_reason, and only then is a LAST
+// before the job's last round taken.
+TEST_F(AdmissionTest, EarlyLastOnlyWithAStopReason) {
+  SiteRecord site = Started("a");
+  v1::ModelHeader last =
+      Stream(v1::MODEL_KIND_LAST, job_.AggregatorAt(1, 0), 1);
+  last.set_final_round(1);
+  absl::StatusOr<Admitted> refused = Admit(site, last);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("meets no early-stop"));
+  (*last.mutable_metadata())["end_reason"] = "early stop: done, trust me";
+  EXPECT_EQ(Admit(site, last).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  (*last.mutable_metadata())["end_reason"] =
+      TooFewTrainersReason(job_, 1, 2, {"b"});
+  EXPECT_TRUE(Admit(site, last).ok()) << Admit(site, last).status();
+}
+
+TEST(TooFewTrainersReasonTest, EndsTheJobBelowTheRoundsMinimum) {
+  // Trainers a and b, rounds 0..3; min_responses_required by default both.
+  JobView job = MakeJob();
+  EXPECT_EQ(TooFewTrainersReason(job, 1, 2, {}), "");
+  EXPECT_EQ(TooFewTrainersReason(job, 1, 2, {"b"}),
+            "early stop: too few trainers remain after round 1: b stopped "
+            "training at their privacy budget; 1 of 2 trainer(s) left, fewer "
+            "than min_responses_required 2");
+  // The last round ends the job anyway.
+  EXPECT_EQ(TooFewTrainersReason(job, 3, 2, {"a", "b"}), "");
+  // One trainer required: it goes on with one, not with none.
+  v1::JobConfig config = job.config();
+  config.set_min_responses_required(1);
+  JobView lenient(config);
+  EXPECT_EQ(TooFewTrainersReason(lenient, 1, 2, {"b"}), "");
+  EXPECT_THAT(TooFewTrainersReason(lenient, 1, 2, {"a", "b"}),
+              HasSubstr("a,b stopped training at their privacy budget; 0 of "
+                        "2 trainer(s) left, fewer than "
+                        "min_responses_required 1"));
+}
+
 TEST_F(AdmissionTest, FinalModelsOnlyWhileTheJobRuns) {
   const std::string last = job_.LastRoundAggregator();
   SiteRecord site;

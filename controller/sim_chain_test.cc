@@ -6,10 +6,13 @@
 // passes the sum on chunk by chunk as PeerService does, through the same
 // RelayProtocol (fake_relay.cc).
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "controller/fake_network.h"
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
@@ -33,6 +36,37 @@ std::vector<CallRecord> IntoAggregator(Sim& sim, uint32_t round) {
     }
   }
   return calls;
+}
+
+// Differential privacy: each hop adds its site's epsilon spent to the
+// partial sum's header, so the aggregator (one stream in) still learns every
+// trainer's, and the final models carry them all, the same at every site.
+TEST(SimChainTest, CarriesEveryTrainersEpsilonIntoTheFinals) {
+  Sim chain(Config(6, 3, Chain));
+  for (int i = 0; i < 6; ++i) {
+    chain.learner(i).SimulatePrivacy(0.5 * (i + 1), std::nullopt);
+  }
+  chain.RunJob();
+  ExpectAllDone(chain);
+  // Partial sums carried the results (not direct submissions).
+  int partial = 0;
+  for (const CallRecord& call : chain.network().Log()) {
+    if (call.model_kind == v1::MODEL_KIND_PARTIAL_SUM) ++partial;
+  }
+  EXPECT_GT(partial, 0);
+  for (v1::ModelKind kind : {v1::MODEL_KIND_LAST, v1::MODEL_KIND_BEST}) {
+    std::shared_ptr<const Model> reference = chain.Final(0, kind);
+    ASSERT_NE(reference, nullptr);
+    for (int i : AllSites(chain)) {
+      const std::string key = absl::StrCat("privacy.", Sim::Name(i));
+      ASSERT_EQ(reference->metadata().count(key), 1u)
+          << v1::ModelKind_Name(kind) << " " << key;
+      EXPECT_EQ(reference->metadata().at(key),
+                absl::StrFormat("epsilon=%g delta=1e-05 rounds=3",
+                                0.5 * (i + 1) * 3));
+      EXPECT_EQ(chain.Final(i, kind)->metadata(), reference->metadata());
+    }
+  }
 }
 
 TEST(SimChainTest, GivesTheStarsAggregatesWithOneModelIntoTheAggregator) {

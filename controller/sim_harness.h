@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,16 +73,42 @@ class RecordingLearner final : public Learner {
     {
       absl::MutexLock lock(&mu_);
       globals_[round] = Floats(global);
+      if (privacy_stop_round_.has_value() && round >= *privacy_stop_round_) {
+        return MarkStoppedForJob(absl::FailedPreconditionError(
+            absl::StrCat("privacy budget exhausted: site ",
+                         inner_->options().site, " stops training")));
+      }
     }
     return inner_->Validate(global, round);
   }
   absl::StatusOr<TrainOutput> Train(const Model& global, uint32_t round,
                                     const std::atomic<bool>& cancel) override {
+    int trained;
     {
       absl::MutexLock lock(&mu_);
-      ++trains_;
+      trained = ++trains_;
     }
-    return inner_->Train(global, round, cancel);
+    absl::StatusOr<TrainOutput> output = inner_->Train(global, round, cancel);
+    absl::MutexLock lock(&mu_);
+    if (output.ok() && epsilon_per_round_ > 0) {
+      v1::PrivacySpent spent;
+      spent.set_epsilon(epsilon_per_round_ * trained);
+      spent.set_delta(1e-5);
+      spent.set_rounds(static_cast<uint32_t>(trained));
+      output->spent = spent;
+    }
+    return output;
+  }
+
+  // Differential privacy as a site's accountant reports it
+  // (privacy/private_learner.h): each result carries the spend, epsilon
+  // `epsilon_per_round` per round trained (delta 1e-5); from `stop_round`
+  // on the site is out of budget: Validate fails, marked StoppedForJob.
+  void SimulatePrivacy(double epsilon_per_round,
+                       std::optional<uint32_t> stop_round) {
+    absl::MutexLock lock(&mu_);
+    epsilon_per_round_ = epsilon_per_round;
+    privacy_stop_round_ = stop_round;
   }
 
   std::map<uint32_t, std::vector<float>> globals() const {
@@ -99,6 +126,8 @@ class RecordingLearner final : public Learner {
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::vector<float>> globals_ ABSL_GUARDED_BY(mu_);
   int trains_ ABSL_GUARDED_BY(mu_) = 0;
+  double epsilon_per_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint32_t> privacy_stop_round_ ABSL_GUARDED_BY(mu_);
 };
 
 // The scripted validation metric of each round (the same on every site):

@@ -1,4 +1,5 @@
 // Simulated whole jobs: shapes of swarm and how rounds close.
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -6,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "controller/fake_network.h"
 #include "controller/sim_expect.h"
 #include "controller/sim_harness.h"
@@ -413,6 +415,61 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<EarlyStopCase>& info) {
       return info.param.name;
     });
+
+// Differential privacy: sites that stop training at their privacy budget
+// leave the job to the others; once fewer than min_responses_required
+// remain, the job ends early, normally, saying why. Two of five stop from
+// round 3 (three remain: it goes on), a third from round 4 (two remain:
+// it ends after round 4). The final models carry every trainer's epsilon
+// as the sites reported it with their results, the same at every site.
+TEST(SimTest, TrainersOutOfPrivacyBudgetEndTheJobEarly) {
+  Sim sim(Config(
+      5, 8, [](v1::JobConfig* job) { job->set_min_responses_required(3); }));
+  const std::map<int, uint32_t> stop_round = {{1, 3}, {3, 3}, {4, 4}};
+  for (int i = 0; i < 5; ++i) {
+    auto stop = stop_round.find(i);
+    sim.learner(i).SimulatePrivacy(0.25 * (i + 1),
+                                   stop == stop_round.end()
+                                       ? std::nullopt
+                                       : std::optional<uint32_t>(stop->second));
+  }
+  sim.RunJob();
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    EXPECT_THAT(status.end_reason(),
+                HasSubstr("early stop: too few trainers remain after round 4"))
+        << Sim::Name(i);
+    EXPECT_THAT(status.end_reason(),
+                HasSubstr(absl::StrCat(Sim::Name(1), ",", Sim::Name(3), ",",
+                                       Sim::Name(4))));
+    EXPECT_THAT(status.end_reason(),
+                HasSubstr("2 of 5 trainer(s) left, fewer than "
+                          "min_responses_required 3"));
+    EXPECT_EQ(status.round(), 4u) << Sim::Name(i);
+  }
+  EXPECT_EQ(FirstCall(sim, CallKind::kLearnTask, 5), absl::InfiniteFuture());
+  for (v1::ModelKind kind : {v1::MODEL_KIND_LAST, v1::MODEL_KIND_BEST}) {
+    std::shared_ptr<const Model> reference = sim.Final(0, kind);
+    ASSERT_NE(reference, nullptr) << v1::ModelKind_Name(kind);
+    // Rounds trained: 0..2 for the sites stopped at 3, 0..3 and 0..4.
+    for (int i : all) {
+      const auto stop = stop_round.find(i);
+      const int rounds = stop == stop_round.end() ? 5 : stop->second;
+      EXPECT_EQ(
+          reference->metadata().at(absl::StrCat("privacy.", Sim::Name(i))),
+          absl::StrFormat("epsilon=%g delta=1e-05 rounds=%d",
+                          0.25 * (i + 1) * rounds, rounds))
+          << v1::ModelKind_Name(kind) << " " << Sim::Name(i);
+      std::shared_ptr<const Model> model = sim.Final(i, kind);
+      ASSERT_NE(model, nullptr) << Sim::Name(i);
+      EXPECT_EQ(model->metadata(), reference->metadata()) << Sim::Name(i);
+    }
+    EXPECT_THAT(reference->metadata().at("end_reason"),
+                HasSubstr("too few trainers remain"));
+  }
+}
 
 }  // namespace
 }  // namespace sim

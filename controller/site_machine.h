@@ -477,6 +477,9 @@ class SiteMachine {
     // The round is over but results are still being added: it closes once
     // the last add ends (CloseRound).
     bool close_when_added = false;
+    // Trainers that reported they stopped training for the job for good
+    // (their privacy budget spent: ModelHeader.trainer_stopped).
+    std::set<std::string> stopped;
   };
   void Heard(uint32_t round, const std::string& trainer, absl::Time when);
   // This site's training for one round, from the learn task to submission.
@@ -859,8 +862,17 @@ class SiteMachine {
     // they are the input of, with their chain.
     std::map<uint32_t, Lineage> kept_rounds;
     std::map<PersistId, PendingFinal> pending_finals;
+    // Differential privacy: every trainer's spend as this site last heard
+    // of it (results it gathered, learn tasks and finals it received), the
+    // latest report per site; carried on in the learn tasks it scatters and
+    // into the final models (ModelHeader.privacy_spent).
+    std::map<std::string, v1::PrivacySpent> privacy_spent;
     Work work;
   };
+  // Folds trainers' reports into run_->privacy_spent: per site, the report
+  // with more rounds charged wins (then the higher epsilon).
+  void NotePrivacy(
+      const google::protobuf::Map<std::string, v1::PrivacySpent>& spent);
   // Whether a completion numbered `id` (a call, timer or persist) is of a
   // job before this one; counts it if so.
   bool Stale(uint64_t id, uint64_t first_of_run);

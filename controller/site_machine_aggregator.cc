@@ -211,6 +211,13 @@ void SiteMachine::CloseRound(uint32_t number) {
   closing.attempt = gathering.attempt;
   closing.lineage = std::move(gathering.lineage);
   closing.stop_reason = EarlyStopReason(*run_->job, verdict.best, number);
+  if (closing.stop_reason.empty()) {
+    // Trainers out of privacy budget: the job cannot go on with too few.
+    closing.stop_reason = TooFewTrainersReason(
+        *run_->job, number,
+        report.expected + static_cast<int>(report.dropped.size()),
+        gathering.stopped);
+  }
   run_->work.aggregating[number] = std::move(closing);
   PermissionMayChange();
   out_.push_back(effect::RunAggregation{number, std::move(round),
@@ -373,6 +380,13 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
     return absl::FailedPreconditionError(refused->message());
   }
   AggregationRound::ResultStart start = target->BeginResult(header, now);
+  if (start.refused.ok()) {
+    NotePrivacy(header.privacy_spent());
+    if (header.failed() && header.trainer_stopped() &&
+        header.round() == round) {
+      run_->work.gathering[round].stopped.insert(header.sender());
+    }
+  }
   // The upload starts on a slot already taken: a status change only. A
   // refused or failed result frees its slot: held requests may go on.
   if (start.refused.ok() && !start.header_only) {

@@ -235,6 +235,10 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
   hop.onward.clear_partial_scale();
   hop.onward.mutable_relay_to()->DeleteSubrange(0, 1);
   *hop.onward.add_contributions() = OwnContribution(task);
+  // This hop's privacy spend joins the earlier hops' (ModelHeader).
+  hop.onward.mutable_privacy_spent()->insert(
+      task.result_header.privacy_spent().begin(),
+      task.result_header.privacy_spent().end());
   hop.onward.set_sample_count(header.sample_count() +
                               task.result_header.sample_count());
   admission.chain_hop = std::move(hop);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "controller/replies.h"
@@ -14,6 +15,12 @@ namespace {
 
 std::string FormatMetric(const v1::BestRecord& best) {
   return best.present() ? absl::StrCat(best.metric()) : "none";
+}
+
+// The final models' metadata entry of one trainer's privacy spend.
+std::string FormatPrivacy(const v1::PrivacySpent& spent) {
+  return absl::StrFormat("epsilon=%.6g delta=%g rounds=%u", spent.epsilon(),
+                         spent.delta(), spent.rounds());
 }
 
 }  // namespace
@@ -64,6 +71,14 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
   metadata["round"] = absl::StrCat(round);
   metadata["kind"] = kind == v1::MODEL_KIND_BEST ? "best" : "last";
   metadata["source_site"] = options_.site;
+  // Every trainer's privacy spend as known at the end of the job, written
+  // here and carried to every site with the model (digests cover only the
+  // tensors; the metadata is the sender's for every receiver).
+  header.mutable_privacy_spent()->insert(run_->privacy_spent.begin(),
+                                         run_->privacy_spent.end());
+  for (const auto& [site, spent] : run_->privacy_spent) {
+    metadata[absl::StrCat("privacy.", site)] = FormatPrivacy(spent);
+  }
   if (kind == v1::MODEL_KIND_BEST && best.present()) {
     metadata["metric_name"] = run_->job->config().metric_name();
     metadata["metric"] = absl::StrCat(best.metric());
@@ -178,6 +193,9 @@ void SiteMachine::SendBest(const Broadcast& done,
   ask.request.set_final_round(run_->final_round);
   ask.request.set_attempt(run_->final_attempt);
   LineageToProto(run_->final_chain, ask.request.mutable_lineage());
+  ask.request.mutable_privacy_spent()->insert(run_->privacy_spent.begin(),
+                                              run_->privacy_spent.end());
+  ask.request.set_end_reason(run_->end_reason);
   for (const std::string& target : targets) ask.request.add_targets(target);
   if (run_->job->Site(best.site()) != nullptr && best.site() != options_.site) {
     ask.holders.push_back(best.site());
@@ -270,6 +288,10 @@ void SiteMachine::OnShareBest(event::ShareBest& e) {
   run_->final_round = request.final_round();
   run_->final_attempt = request.attempt();
   run_->final_chain = LineageFromProto(request.lineage());
+  // The BEST says what the LAST says: why the job ended, every trainer's
+  // privacy spend.
+  if (!request.end_reason().empty()) run_->end_reason = request.end_reason();
+  NotePrivacy(request.privacy_spent());
   BroadcastFinal(v1::MODEL_KIND_BEST, run_->best_model, request.best().round(),
                  request.best(), Broadcast(),
                  std::vector<std::string>(request.targets().begin(),
@@ -305,6 +327,7 @@ v1::Reply SiteMachine::AcceptFinal(const v1::ModelHeader& header,
     }
     auto reason = header.metadata().find("end_reason");
     if (reason != header.metadata().end()) run_->end_reason = reason->second;
+    NotePrivacy(header.privacy_spent());
   }
   PermissionMayChange();
   SWARM_LOG_INFO("job %s: %s model of round %d received from %s",

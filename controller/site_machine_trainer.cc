@@ -44,6 +44,10 @@ void SiteMachine::ScatterRound(uint32_t round,
   *scatter.header.mutable_best() = best;
   LineageToProto(lineage, scatter.header.mutable_lineage());
   scatter.header.set_resume(resume);
+  // Every trainer's privacy spend travels from round to round, so that
+  // whichever site ends the job knows it for the final models.
+  scatter.header.mutable_privacy_spent()->insert(run_->privacy_spent.begin(),
+                                                 run_->privacy_spent.end());
   scatter.global = std::move(global);
   SWARM_LOG_INFO("round %d: scattering to %d trainers, aggregator %s", round,
                  static_cast<int>(run_->job->trainers().size()), order[0]);
@@ -464,6 +468,7 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
                                   ": kept for the aggregator's task"));
   }
   run_->work.held_task_copy.reset();
+  NotePrivacy(header.privacy_spent());
   if (admitted->task == TaskVerdict::kSwitch) {
     DropLosingChain(header);
     if (run_->record.state == v1::SITE_STATE_DONE) {
@@ -696,6 +701,12 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
   if (e.metrics.ok() && output.ok()) {
     header.set_sample_count(output->sample_count);
     header.set_payload_kind(output->kind);
+    if (output->spent.has_value()) {
+      // This site's privacy spend with the result's charge: to the
+      // aggregator, and on into the final models.
+      (*header.mutable_privacy_spent())[options_.site] = *output->spent;
+      NotePrivacy(header.privacy_spent());
+    }
     run_->counters.set_rounds_trained(run_->counters.rounds_trained() + 1);
     task.result = std::make_shared<const Model>(std::move(output->model));
   } else {
@@ -704,10 +715,28 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
     ReportError(absl::StrCat("round ", task.round, ": training"), failed);
     header.set_failed(true);
     header.set_failure(std::string(failed.message()));
+    // Out of privacy budget: it will not train again in this job.
+    header.set_trainer_stopped(StoppedForJob(failed));
   }
   task.asking_since = now_;
   SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
   AskToSubmit();
+}
+
+void SiteMachine::NotePrivacy(
+    const google::protobuf::Map<std::string, v1::PrivacySpent>& spent) {
+  if (run_->job == nullptr) return;
+  for (const auto& [site, report] : spent) {
+    if (run_->job->Site(site) == nullptr) continue;  // Not of this job.
+    auto [it, added] = run_->privacy_spent.try_emplace(site, report);
+    if (added) continue;
+    const v1::PrivacySpent& known = it->second;
+    if (report.rounds() > known.rounds() ||
+        (report.rounds() == known.rounds() &&
+         report.epsilon() > known.epsilon())) {
+      it->second = report;
+    }
+  }
 }
 
 void SiteMachine::AddChain(v1::SubmitPermissionRequest* ask) const {

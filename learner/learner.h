@@ -15,7 +15,9 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "model/model.h"
 #include "proto/swarm.pb.h"
 
@@ -33,7 +35,28 @@ struct TrainOutput {
   // multiplier and steps) when it was differentially private; the site's
   // accountant charges it before the result leaves (docs/privacy.md).
   std::optional<v1::PrivacyCost> privacy;
+  // The site's privacy spend on the job once this result was charged (set by
+  // the site's accountant, privacy/private_learner.h): it travels with the
+  // result to the aggregator and on into the final models' metadata.
+  std::optional<v1::PrivacySpent> spent;
 };
+
+// A learner that will not train again in the current job (e.g. its site's
+// privacy budget is spent) fails Validate or Train with a status carrying
+// this payload (StoppedForJob): the site tells the round's aggregator, which
+// ends the job early when too few trainers remain.
+inline constexpr char kStoppedForJobPayload[] = "swarm.learner/stopped_for_job";
+
+// `status` with the stopped-for-job mark.
+inline absl::Status MarkStoppedForJob(absl::Status status) {
+  status.SetPayload(kStoppedForJobPayload, absl::Cord("1"));
+  return status;
+}
+
+// Whether `status` carries the stopped-for-job mark.
+inline bool StoppedForJob(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kStoppedForJobPayload).has_value();
+}
 
 // Metric name -> value, e.g. {"accuracy": 0.91, "loss": 0.27}.
 using Metrics = std::map<std::string, double>;

@@ -59,6 +59,7 @@
 #include "learner/mlp.h"
 #include "learner/mlp_learner.h"
 #include "model/model.h"
+#include "privacy/rdp.h"
 
 namespace swarm {
 namespace {
@@ -311,13 +312,26 @@ int Train(const Args& args) {
          {"swarm.test_accuracy", absl::StrFormat("%.4f", eval->accuracy)}});
     if (!saved.ok()) return Fail(saved);
   }
+  // DP-SGD: the ε the training spent, for the learner's δ.
+  std::string privacy;
+  if (trained->privacy.has_value()) {
+    const v1::PrivacyCost& cost = *trained->privacy;
+    absl::StatusOr<double> epsilon =
+        privacy::DpSgdEpsilon(cost.sampling_rate(), cost.noise_multiplier(),
+                              cost.steps(), options->dp.delta);
+    if (!epsilon.ok()) return Fail(epsilon.status());
+    privacy = absl::StrFormat(
+        " epsilon=%.4f delta=%g noise_multiplier=%.4f dp_steps=%llu", *epsilon,
+        options->dp.delta, cost.noise_multiplier(),
+        static_cast<unsigned long long>(cost.steps()));
+  }
   std::printf(
       "mode=%s site_index=%s sites=%u epochs=%u train_samples=%llu "
-      "train_seconds=%.2f test_accuracy=%.4f test_loss=%.4f\n",
+      "train_seconds=%.2f test_accuracy=%.4f test_loss=%.4f%s\n",
       central ? "central" : "local", central ? "all" : index.c_str(),
       options->sites, options->epochs,
       static_cast<unsigned long long>((*learner)->train_data().size()), seconds,
-      eval->accuracy, eval->loss);
+      eval->accuracy, eval->loss, privacy.c_str());
   return kOk;
 }
 

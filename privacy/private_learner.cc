@@ -121,7 +121,8 @@ absl::Status PrivateLearner::Exhausted(double epsilon, double next_epsilon) {
       "%s",
       epsilon, delta(), next_epsilon, policy_.max_epsilon(), site_, job_id_);
   SWARM_LOG_WARNING("%s", message);
-  return absl::FailedPreconditionError(message);
+  // For good: the site tells the round's aggregator (learner.h).
+  return MarkStoppedForJob(absl::FailedPreconditionError(message));
 }
 
 absl::Status PrivateLearner::CheckBudget(uint32_t round) {
@@ -175,7 +176,11 @@ absl::StatusOr<TrainOutput> PrivateLearner::Train(
     absl::MutexLock lock(&mu_);
     SWARM_ASSIGN_OR_RETURN(pending, PrepareCharge(round, *output));
   }
-  if (!pending.has_value()) return output;
+  if (!pending.has_value()) {
+    absl::MutexLock lock(&mu_);
+    output->spent = SpentLocked();
+    return output;
+  }
   // The ledger's write and fsync without the lock (status readers do not
   // wait for it); only this training thread charges. The result leaves only
   // once its cost is on disk.
@@ -187,6 +192,7 @@ absl::StatusOr<TrainOutput> PrivateLearner::Train(
     ledger_ = std::move(pending->ledger);
     epsilon_ = pending->epsilon;
   }
+  output->spent = SpentLocked();
   const v1::PrivacyCost& cost = *output->privacy;
   SWARM_LOG_INFO(
       "site %s, job %s: round %d charged (q=%.4g, sigma=%.4g, %d steps): "
@@ -207,6 +213,10 @@ void PrivateLearner::SetWaitingListener(std::function<void()> changed) {
 
 std::optional<v1::PrivacySpent> PrivateLearner::Spent() const {
   absl::MutexLock lock(&mu_);
+  return SpentLocked();
+}
+
+std::optional<v1::PrivacySpent> PrivateLearner::SpentLocked() const {
   if (job_id_.empty() || (ledger_.charges().empty() &&
                           policy_.max_epsilon() <= 0 && !require_dp_)) {
     return std::nullopt;

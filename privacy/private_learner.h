@@ -12,7 +12,9 @@
 //     charged and the ledger replaced atomically before the result is
 //     returned; a cost that would take the site past its budget withholds
 //     the result (nothing released, nothing charged);
-//   - a job with require_dp refuses a result that reports no cost.
+//   - a job with require_dp refuses a result that reports no cost;
+//   - a budget refusal is marked StoppedForJob (learner.h), and each
+//     result carries the spend after its charge (TrainOutput.spent).
 // ε is reported for the site's δ (PrivacyPolicy.delta, default 1e-5) in the
 // site status (AddToStatus) and by Spent().
 #ifndef SWARM_PRIVACY_PRIVATE_LEARNER_H_
@@ -90,6 +92,9 @@ class PrivateLearner final : public Learner {
   absl::Status Exhausted(double epsilon, double next_epsilon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double delta() const;
+  // REQUIRES: mu_. Spent().
+  std::optional<v1::PrivacySpent> SpentLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Learner> inner_;
   const v1::PrivacyPolicy policy_;

@@ -100,7 +100,15 @@ TEST(PrivateLearnerTest, ChargesEveryRoundAndSurvivesARestart) {
     ASSERT_TRUE(site.learner->ConfigureJob(Job()).ok());
     EXPECT_EQ(site.fake->params["dp_rounds"], "7");
     EXPECT_EQ(site.fake->params["dp_delta"], "1.0000000000000001e-05");
-    for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Round(*site.learner, r).ok());
+    for (uint32_t r = 0; r < 3; ++r) {
+      absl::StatusOr<TrainOutput> out = Round(*site.learner, r);
+      ASSERT_TRUE(out.ok()) << out.status();
+      // Each result carries the spend after its own charge.
+      ASSERT_TRUE(out->spent.has_value());
+      EXPECT_NEAR(out->spent->epsilon(), Expected(100 * (r + 1)), 1e-9);
+      EXPECT_EQ(out->spent->rounds(), r + 1);
+      EXPECT_EQ(out->spent->delta(), kDefaultDelta);
+    }
     std::optional<v1::PrivacySpent> spent = site.learner->Spent();
     ASSERT_TRUE(spent.has_value());
     EXPECT_NEAR(spent->epsilon(), Expected(300), 1e-9);
@@ -134,6 +142,8 @@ TEST(PrivateLearnerTest, StopsAtTheBudget) {
   EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(third.status().message(), HasSubstr("privacy budget exhausted"));
   EXPECT_THAT(third.status().message(), HasSubstr("budget"));
+  // Marked: the site stops for the job, and its aggregator is told so.
+  EXPECT_TRUE(StoppedForJob(third.status()));
   EXPECT_EQ(site.fake->trained, 2);
   EXPECT_TRUE(site.learner->Spent()->budget_exhausted());
   EXPECT_NEAR(site.learner->Spent()->epsilon(), Expected(200), 1e-9);
@@ -147,6 +157,7 @@ TEST(PrivateLearnerTest, WithholdsAResultBeyondTheBudget) {
   ASSERT_TRUE(site.learner->ConfigureJob(Job()).ok());
   absl::StatusOr<TrainOutput> first = Round(*site.learner, 0);
   EXPECT_THAT(first.status().message(), HasSubstr("privacy budget exhausted"));
+  EXPECT_TRUE(StoppedForJob(first.status()));
   EXPECT_EQ(site.learner->Spent()->rounds(), 0u);
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/job-1/privacy.json"));
 }
@@ -159,6 +170,7 @@ TEST(PrivateLearnerTest, RequiredDpRefusesAResultWithoutCost) {
   EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(out.status().message(),
               HasSubstr("requires differential privacy"));
+  EXPECT_FALSE(StoppedForJob(out.status()));
   // Not required: the result passes, uncharged.
   ASSERT_TRUE(site.learner->ConfigureJob(Job(false)).ok());
   EXPECT_TRUE(Round(*site.learner, 0).ok());

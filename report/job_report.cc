@@ -85,6 +85,14 @@ const char* PhaseColor(size_t index) {
   return kColors[index % (sizeof(kColors) / sizeof(kColors[0]))];
 }
 
+// One color per series (a site's curve).
+const char* SeriesColor(size_t index) {
+  static const char* const kColors[] = {
+      "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+      "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+  return kColors[index % (sizeof(kColors) / sizeof(kColors[0]))];
+}
+
 // The geometry of one plot: rounds along x, values (or rows) along y.
 struct Frame {
   static constexpr double kWidth = 820;
@@ -311,6 +319,12 @@ absl::StatusOr<JobReport> JobReport::Build(
       if (!r->outcome().empty() && row.outcome.empty()) {
         row.outcome = absl::StrCat(name, ": ", r->outcome());
       }
+      if (r->has_privacy_epsilon()) {
+        row.epsilon[name] = r->privacy_epsilon();
+        // Rounds come in order: the last one's stands for the site.
+        srow->epsilon = r->privacy_epsilon();
+        srow->delta = r->privacy_delta();
+      }
     }
     if (row.aggregator.empty() && !aggregator_votes.empty()) {
       row.aggregator =
@@ -367,7 +381,7 @@ std::string JobReport::Csv() const {
   }
   absl::StrAppend(&out,
                   ",bytes_sent,bytes_received,failovers,trainers_dropped,"
-                  "outcome\n");
+                  "outcome,epsilon\n");
   for (const RoundRow& r : rounds_) {
     absl::StrAppend(&out, r.round, ",", r.attempt, ",", CsvField(r.aggregator),
                     ",", CsvField(absl::StrJoin(r.participants, ";")), ",",
@@ -377,9 +391,14 @@ std::string JobReport::Csv() const {
     for (const auto& [phase, seconds] : r.phase_seconds) {
       absl::StrAppend(&out, ",", Number(seconds));
     }
+    std::vector<std::string> epsilon;
+    for (const auto& [site, value] : r.epsilon) {
+      epsilon.push_back(absl::StrCat(site, "=", Number(value)));
+    }
     absl::StrAppend(&out, ",", r.bytes_sent, ",", r.bytes_received, ",",
                     r.failovers, ",", r.trainers_dropped, ",",
-                    CsvField(r.outcome), "\n");
+                    CsvField(r.outcome), ",",
+                    CsvField(absl::StrJoin(epsilon, ";")), "\n");
   }
   return out;
 }
@@ -415,7 +434,8 @@ std::string JobReport::Json() const {
                       {"bytes_received", r.bytes_received},
                       {"failovers", r.failovers},
                       {"trainers_dropped", r.trainers_dropped},
-                      {"outcome", r.outcome}});
+                      {"outcome", r.outcome},
+                      {"epsilon", r.epsilon}});
   }
   root["rounds"] = rounds;
   nlohmann::ordered_json sites = nlohmann::ordered_json::array();
@@ -433,7 +453,9 @@ std::string JobReport::Json() const {
                      {"rounds_taken_over", s.rounds_taken_over},
                      {"trainers_dropped", s.trainers_dropped},
                      {"rejoins", s.rejoins},
-                     {"last_error", s.last_error}});
+                     {"last_error", s.last_error},
+                     {"epsilon", optional(s.epsilon)},
+                     {"delta", s.delta}});
   }
   root["sites"] = sites;
   root["missing_sites"] = MissingSites();
@@ -714,6 +736,64 @@ std::string JobReport::Html() const {
         "trainer; dark outline: the round's aggregator</div>\n",
         SvgOpen("participation", f, points, "participation"), row_labels(f),
         f.XAxis(), body, "</svg>\n");
+  }
+
+  // 5. Differential privacy: each site's epsilon spent, over the rounds.
+  std::vector<std::string> private_sites;
+  for (const SiteRow& s : sites_) {
+    if (s.epsilon.has_value()) private_sites.push_back(s.name);
+  }
+  if (!private_sites.empty()) {
+    Frame f = base;
+    double hi = 0;
+    for (const RoundRow& r : rounds_) {
+      for (const auto& [site, value] : r.epsilon) hi = std::max(hi, value);
+    }
+    f.NiceRange(0, hi > 0 ? hi : 1, 5);
+    std::string body;
+    int points = 0;
+    std::string legend = "<div class=\"legend\">";
+    for (size_t i = 0; i < private_sites.size(); ++i) {
+      const std::string& site = private_sites[i];
+      const char* color = SeriesColor(i);
+      std::string line;
+      int n = 0;
+      for (const RoundRow& r : rounds_) {
+        auto value = r.epsilon.find(site);
+        if (value == r.epsilon.end()) continue;
+        absl::StrAppendFormat(&line, "%s%.1f,%.1f", line.empty() ? "" : " ",
+                              f.X(r.round), f.Y(value->second));
+        absl::StrAppendFormat(
+            &body,
+            "<circle class=\"pt pt-epsilon\" cx=\"%.1f\" cy=\"%.1f\" "
+            "r=\"3\" fill=\"%s\"><title>round %u, %s: epsilon %.4f"
+            "</title></circle>",
+            f.X(r.round), f.Y(value->second), color, r.round, Escape(site),
+            value->second);
+        ++n;
+      }
+      if (n == 0) continue;
+      points += n;
+      absl::StrAppendFormat(
+          &body,
+          "<polyline class=\"series-epsilon\" data-site=\"%s\" "
+          "data-points=\"%d\" fill=\"none\" stroke=\"%s\" "
+          "stroke-width=\"2\" points=\"%s\"/>",
+          Escape(site), n, color, line);
+      const SiteRow& row =
+          *std::find_if(sites_.begin(), sites_.end(),
+                        [&](const SiteRow& s) { return s.name == site; });
+      absl::StrAppendFormat(
+          &legend, "<span style=\"background:%s\"></span>%s (%s, delta %g)",
+          color, Escape(site), Number(row.epsilon), row.delta);
+    }
+    absl::StrAppend(
+        &out,
+        "<h2>Differential privacy: epsilon spent per site (its accountant, "
+        "at the end of each round)</h2>\n",
+        legend, "</div>\n",
+        SvgOpen("privacy-epsilon", f, points, "epsilon spent per site"),
+        f.YAxis(), f.XAxis(), body, "</svg>\n");
   }
 
   // Tables.

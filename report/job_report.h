@@ -13,7 +13,8 @@
 // sites spent in each phase, the slowest site's round time, and the model
 // bytes sent and received by all sites. Per site: whether it answered,
 // its state, rounds trained, aggregated and missed, failovers, trainers it
-// dropped, rejoins and its last error.
+// dropped, rejoins and its last error. With differential privacy, each
+// site's epsilon spent over the rounds (a curve per site).
 #ifndef SWARM_REPORT_JOB_REPORT_H_
 #define SWARM_REPORT_JOB_REPORT_H_
 
@@ -55,6 +56,9 @@ struct RoundRow {
   uint64_t failovers = 0;
   uint64_t trainers_dropped = 0;
   std::string outcome;  // A site's outcome other than success, if any.
+  // Differential privacy: each site's epsilon spent at the end of the round
+  // (its accountant, RoundRecord.privacy_epsilon), by site.
+  std::map<std::string, double> epsilon;
 };
 
 struct SiteRow {
@@ -72,6 +76,10 @@ struct SiteRow {
   uint64_t trainers_dropped = 0;
   uint64_t rejoins = 0;
   std::string last_error;
+  // Differential privacy: the site's epsilon spent at its last recorded
+  // round, for `delta`; absent when it reported none.
+  std::optional<double> epsilon;
+  double delta = 0;
 };
 
 // The phases, in the order a round goes through them.

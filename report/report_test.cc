@@ -357,6 +357,80 @@ TEST(JobReportTest, CsvAndJsonCarryTheSameRounds) {
   EXPECT_EQ(json["sites"][2]["answered"], false);
 }
 
+// Differential privacy: the recorder keeps the site's epsilon as it stands
+// at the end of each round (the last status of the round).
+TEST(RoundRecorderTest, RecordsThePrivacySpentPerRound) {
+  RoundRecorder recorder;
+  auto with_epsilon = [](v1::StatusReply s, double epsilon) {
+    s.mutable_status()->mutable_privacy()->set_epsilon(epsilon);
+    s.mutable_status()->mutable_privacy()->set_delta(1e-5);
+    return s;
+  };
+  recorder.Observe(Status(v1::SITE_STATE_CONFIGURED, 0), At(0), {0, 0});
+  recorder.Observe(Status(v1::SITE_STATE_TRAINING, 0), At(100), {0, 0});
+  // Charged before the result leaves: the next status shows it.
+  recorder.Observe(
+      with_epsilon(Status(v1::SITE_STATE_WAITING_FOR_PERMISSION, 0), 0.5),
+      At(200), {0, 0});
+  recorder.Observe(with_epsilon(Status(v1::SITE_STATE_TRAINING, 1), 0.5),
+                   At(300), {0, 0});
+  recorder.Observe(with_epsilon(Status(v1::SITE_STATE_SUBMITTING, 1), 0.75),
+                   At(400), {0, 0});
+  recorder.Observe(with_epsilon(Status(v1::SITE_STATE_DONE, 1), 0.75), At(500),
+                   {0, 0});
+  const v1::HistoryReply history = recorder.History("job-1", At(600));
+  ASSERT_EQ(history.rounds_size(), 2);
+  ASSERT_TRUE(history.rounds(0).has_privacy_epsilon());
+  EXPECT_DOUBLE_EQ(history.rounds(0).privacy_epsilon(), 0.5);
+  EXPECT_DOUBLE_EQ(history.rounds(0).privacy_delta(), 1e-5);
+  EXPECT_DOUBLE_EQ(history.rounds(1).privacy_epsilon(), 0.75);
+  // A site without privacy records none.
+  RoundRecorder plain;
+  plain.Observe(Status(v1::SITE_STATE_TRAINING, 0), At(0), {0, 0});
+  EXPECT_FALSE(plain.History("job-1", At(100)).rounds(0).has_privacy_epsilon());
+}
+
+// A curve per site of the epsilon it spent, in the HTML, CSV and JSON.
+TEST(JobReportTest, ShowsEachSitesEpsilonOverTheRounds) {
+  std::vector<SiteHistory> sites = ThreeSites();
+  // site-a spends 1, 2, 3 in rounds 0..2; site-b 0.5 then 1 (it missed
+  // round 1: its epsilon stays).
+  const double a[] = {1, 2, 3};
+  const double b[] = {0.5, 0.5, 1};
+  for (int i = 0; i < 3; ++i) {
+    sites[0].reply.mutable_rounds(i)->set_privacy_epsilon(a[i]);
+    sites[0].reply.mutable_rounds(i)->set_privacy_delta(1e-5);
+    sites[1].reply.mutable_rounds(i)->set_privacy_epsilon(b[i]);
+    sites[1].reply.mutable_rounds(i)->set_privacy_delta(1e-6);
+  }
+  absl::StatusOr<JobReport> report = JobReport::Build(Job(), sites, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_DOUBLE_EQ(report->rounds()[1].epsilon.at("site-a"), 2);
+  EXPECT_DOUBLE_EQ(report->rounds()[1].epsilon.at("site-b"), 0.5);
+  EXPECT_DOUBLE_EQ(*report->sites()[0].epsilon, 3);
+  EXPECT_DOUBLE_EQ(report->sites()[1].delta, 1e-6);
+  EXPECT_FALSE(report->sites()[2].epsilon.has_value());
+  const std::string html = report->Html();
+  EXPECT_EQ(Attribute(html, "privacy-epsilon", "data-points"), "6");
+  EXPECT_EQ(Count(html, "class=\"pt pt-epsilon\""), 6);
+  EXPECT_EQ(Count(html, "class=\"series-epsilon\" data-site=\"site-a\""), 1);
+  EXPECT_EQ(Count(html, "class=\"series-epsilon\" data-site=\"site-b\""), 1);
+  EXPECT_THAT(html, HasSubstr("round 2, site-a: epsilon 3.0000"));
+  EXPECT_THAT(html, HasSubstr("site-b (1, delta 1e-06)"));
+  const std::vector<std::string> lines =
+      absl::StrSplit(report->Csv(), '\n', absl::SkipEmpty());
+  EXPECT_THAT(lines[0], HasSubstr(",outcome,epsilon"));
+  EXPECT_THAT(lines[3], HasSubstr(",site-a=3;site-b=1"));
+  const nlohmann::json json = nlohmann::json::parse(report->Json());
+  EXPECT_DOUBLE_EQ(json["rounds"][0]["epsilon"]["site-b"], 0.5);
+  EXPECT_DOUBLE_EQ(json["sites"][0]["epsilon"], 3);
+  EXPECT_TRUE(json["sites"][2]["epsilon"].is_null());
+  // Without privacy: no such plot.
+  absl::StatusOr<JobReport> plain = JobReport::Build(Job(), ThreeSites(), {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_THAT(plain->Html(), Not(HasSubstr("privacy-epsilon")));
+}
+
 TEST(JobReportTest, ParsesAMetricColumn) {
   absl::StatusOr<std::map<uint32_t, double>> values = ParseMetricCsv(
       "round,aggregator,mean_validation_accuracy,test_accuracy\n"

@@ -186,6 +186,13 @@ void RoundRecorder::Observe(const v1::StatusReply& reply, absl::Time now,
     if (r->trained() && !s.metrics().empty())
       *r->mutable_metrics() = s.metrics();
   }
+  // The site's privacy spend as it stands at the latest status of the round:
+  // at the round's end, what its training up to then cost.
+  if (s.has_privacy() && (job->running || round_state)) {
+    v1::RoundRecord* r = Record(job, s.round());
+    r->set_privacy_epsilon(s.privacy().epsilon());
+    r->set_privacy_delta(s.privacy().delta());
+  }
   job->last = s;
   job->last_traffic = traffic;
   job->seen = true;

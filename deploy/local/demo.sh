@@ -8,7 +8,7 @@
 #                        [--lr 0.05] [--base-port 17400] [--workspace DIR]
 #                        [--no-baselines] [--no-central] [--insecure] [--quick]
 #                        [--bin-dir BUILD_DIR] [--trainer mlp|pytorch]
-#                        [--lr-decay D]
+#                        [--lr-decay D] [--dp-epsilon E]
 #
 # --no-central: the baselines are the sites alone only (no model trained on
 # all the data; that takes about a third of the baselines' time).
@@ -19,6 +19,12 @@
 # rounds; the baselines are the same CNN alone and centrally). Its learning
 # rate decays by --lr-decay (default 0.9) per round, and per epoch in the
 # baselines.
+#
+# --dp-epsilon E: every site trains with DP-SGD (the built-in MLP's
+# dp_target_epsilon E over the job's rounds, delta 1e-5 per site, clip norm
+# 1), so that each site's training data is (E, 1e-5)-differentially private
+# (docs/privacy.md); the table is followed by every site's epsilon spent, and
+# the baselines train with DP-SGD at the same epsilon (--trainer mlp only).
 #
 # On a fresh Debian 12 machine it installs what is missing (apt-get),
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
@@ -44,6 +50,8 @@ MAX_TRAIN=0
 BIN_DIR=""
 TRAINER=mlp
 ROUNDS_SET=0
+DP_EPSILON=""
+DP_DELTA=1e-5
 while [ $# -gt 0 ]; do
   case "$1" in
     --sites) SITES=$2; shift 2 ;;
@@ -53,6 +61,7 @@ while [ $# -gt 0 ]; do
     --epochs) EPOCHS=$2; shift 2 ;;
     --lr) LR=$2; shift 2 ;;
     --lr-decay) LR_DECAY=$2; shift 2 ;;
+    --dp-epsilon) DP_EPSILON=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
     --workspace) WORKSPACE=$2; shift 2 ;;
     --no-baselines) BASELINES=0; shift ;;
@@ -60,7 +69,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) BIN_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
     --quick) SITES=3; ROUNDS=3; ROUNDS_SET=1; MAX_TRAIN=12000; shift ;;
-    -h|--help) sed -n 2,25p "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -e/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -69,6 +78,12 @@ case "$TRAINER" in
   pytorch) [ "$ROUNDS_SET" -eq 1 ] || ROUNDS=12; LR_DECAY=${LR_DECAY:-0.9} ;;
   *) echo "demo.sh: --trainer must be mlp or pytorch" >&2; exit 2 ;;
 esac
+if [ -n "$DP_EPSILON" ]; then
+  [ "$TRAINER" = mlp ] || { echo "demo.sh: --dp-epsilon is for --trainer mlp" >&2; exit 2; }
+  if ! awk -v e="$DP_EPSILON" 'BEGIN { exit !(e ~ /^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$/ && e + 0 > 0) }'; then
+    echo "demo.sh: --dp-epsilon must be a number > 0 (got '$DP_EPSILON')" >&2; exit 2
+  fi
+fi
 case "$SITES" in ''|*[!0-9]*) echo "demo.sh: --sites must be a number" >&2; exit 2 ;; esac
 case "$ROUNDS" in ''|*[!0-9]*) echo "demo.sh: --rounds must be a number" >&2; exit 2 ;; esac
 if [ "$SITES" -lt 1 ] || [ "$ROUNDS" -lt 1 ]; then
@@ -110,11 +125,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# DP-SGD (--dp-epsilon): the learner picks sigma for E over the job's rounds
+# (the daemon adds dp_rounds and the site's delta).
+DP_PARAMS=""
+[ -z "$DP_EPSILON" ] || DP_PARAMS=", \"dp_target_epsilon\": \"$DP_EPSILON\""
 learner_params() {  # site index
   cat <<EOF
       "sites": "$SITES", "site_index": "$1", "partition": "dirichlet",
       "alpha": "$ALPHA", "data_seed": "1", "seed": "1", "epochs": "$EPOCHS",
-      "lr": "$LR", "max_train_samples": "$MAX_TRAIN"
+      "lr": "$LR", "max_train_samples": "$MAX_TRAIN"$DP_PARAMS
 EOF
 }
 
@@ -176,12 +195,15 @@ for ((i = 0; i < SITES; i++)); do
 }
 EOF
   else
+    privacy_line=""
+    [ -z "$DP_EPSILON" ] || privacy_line="\"privacy\": {\"delta\": $DP_DELTA},"
     cat >"$dir/site.json" <<EOF
 {
   "name": "$site",
   "listen_address": "127.0.0.1:$((BASE_PORT + i))",
   "workspace": "$dir/workspace",
   $tls_line
+  $privacy_line
   "learner": {"kind": "mlp", "params": {
 $(learner_params "$i")
   }}
@@ -206,13 +228,26 @@ for ((i = 0; i < SITES; i++)); do
 done
 
 # 5. Run it, with live progress.
-echo "=== running the swarm job ($ROUNDS rounds, non-IID alpha=$ALPHA)"
+DP_NOTE=""
+[ -z "$DP_EPSILON" ] || DP_NOTE=", DP-SGD epsilon=$DP_EPSILON delta=$DP_DELTA per site"
+echo "=== running the swarm job ($ROUNDS rounds, non-IID alpha=$ALPHA$DP_NOTE)"
 START=$(date +%s.%N)
 "$CTL" start --job "$JOB" "${TLS_FLAGS[@]}"
 "$CTL" status --job "$JOB" --watch --interval-ms 1000 --changes-only "${TLS_FLAGS[@]}"
 END=$(date +%s.%N)
 SWARM_SECONDS=$(awk -v a="$START" -v b="$END" 'BEGIN { printf "%.1f", b - a }')
 echo "swarm job finished in ${SWARM_SECONDS}s"
+# --dp-epsilon: every site's epsilon spent, from its accountant (status).
+SITE_EPSILONS=()
+if [ -n "$DP_EPSILON" ]; then
+  STATUS_OUT=$("$CTL" status --job "$JOB" "${TLS_FLAGS[@]}" 2>&1 || true)
+  for ((i = 0; i < SITES; i++)); do
+    eps=$(printf "%s\n" "$STATUS_OUT" |
+          sed -n "s/^ *site-$((i + 1)): privacy spent: epsilon \([0-9.]*\) (delta \([^)]*\)) over \([0-9]*\) round.*/\1 (delta \2) over \3 round(s)/p" |
+          head -1)
+    SITE_EPSILONS+=("${eps:-none reported}")
+  done
+fi
 
 # 6. Per-round CSV: the model each round produced, where it was aggregated,
 # the trainers' mean validation accuracy of the round's input model, and the
@@ -258,6 +293,9 @@ if [ "$BASELINES" -eq 1 ]; then
   echo "=== baselines: $BUDGET epochs each"
   common=(--sites "$SITES" --partition dirichlet --alpha "$ALPHA" --data-seed 1 --seed 1
           --lr "$LR" --epochs "$BUDGET" --max-train-samples "$MAX_TRAIN")
+  # --dp-epsilon: the baselines spend the same epsilon in one run.
+  [ -z "$DP_EPSILON" ] || common+=(--dp-target-epsilon "$DP_EPSILON" --dp-rounds 1
+                                   --dp-delta "$DP_DELTA")
   cnn=(--baseline --lr "$LR" --lr-decay "${LR_DECAY:-1}" --epochs "$BUDGET" --seed 1)
   if [ "$TRAINER" = pytorch ]; then
     # The sites' CNNs train side by side (one thread each).
@@ -299,7 +337,7 @@ fi
 echo
 MODEL_NAME="MLP"
 [ "$TRAINER" = pytorch ] && MODEL_NAME="PyTorch CNN"
-echo "=== Fashion-MNIST test accuracy, $MODEL_NAME ($SITES sites, non-IID alpha=$ALPHA, $ROUNDS rounds x $EPOCHS epoch(s))"
+echo "=== Fashion-MNIST test accuracy, $MODEL_NAME ($SITES sites, non-IID alpha=$ALPHA, $ROUNDS rounds x $EPOCHS epoch(s)$DP_NOTE)"
 printf "%-34s %s\n" "model" "test accuracy"
 printf "%-34s %s\n" "swarm best model" "$BEST_ACC"
 if [ "$BASELINES" -eq 1 ]; then
@@ -312,6 +350,13 @@ if [ "$BASELINES" -eq 1 ]; then
   if [ "$CENTRAL" -eq 1 ]; then
     printf "%-34s %s\n" "central, all data ($BUDGET epochs)" "$CENTRAL_ACC"
   fi
+fi
+if [ -n "$DP_EPSILON" ]; then
+  echo
+  printf "%-34s %s\n" "site" "epsilon spent in the swarm job"
+  for ((i = 0; i < SITES; i++)); do
+    printf "%-34s %s\n" "site-$((i + 1))" "${SITE_EPSILONS[$i]}"
+  done
 fi
 echo
 echo "swarm job time: ${SWARM_SECONDS}s"

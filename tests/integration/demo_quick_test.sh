@@ -4,13 +4,22 @@
 # best.safetensors must reload and reproduce the reported accuracy (with
 # --no-central: the central baseline is not compared, and takes a third of
 # the baselines' time).
-#   demo_quick_test.sh SOURCE_DIR BUILD_DIR [mlp|pytorch]
+#   demo_quick_test.sh SOURCE_DIR BUILD_DIR [mlp|pytorch|mlp-dp]
 # With pytorch the sites' trainers are the PyTorch CNN (launch mode over the
 # trainer link); without python3-torch it exits 77 (skipped) saying why.
+# With mlp-dp the demo runs with --dp-epsilon 3: every site must print its
+# epsilon spent over the 3 rounds, above 0 and within 3 (the swarm is not
+# compared with the sites alone: with so little data and DP-SGD noise either
+# may win).
 set -euo pipefail
 SOURCE=$1
 BUILD=$2
 TRAINER=${3:-mlp}
+DP=()
+if [ "$TRAINER" = mlp-dp ]; then
+  TRAINER=mlp
+  DP=(--dp-epsilon 3)
+fi
 if [ "$TRAINER" = pytorch ] && ! /usr/bin/python3 -c "import torch, grpc" 2>/dev/null; then
   echo "SKIP: /usr/bin/python3 cannot import torch and grpc (install python3-torch python3-grpcio; tests/run.sh does)"
   exit 77
@@ -21,7 +30,7 @@ trap 'rm -rf "$WORK"' EXIT
 PORT=$((20000 + ($$ % 2000) * 10))
 OUT="$WORK/demo.out"
 if ! bash "$SOURCE/deploy/local/demo.sh" --quick --trainer "$TRAINER" --bin-dir "$BUILD" \
-      --workspace "$WORK/demo" --base-port "$PORT" --no-central >"$OUT" 2>&1; then
+      --workspace "$WORK/demo" --base-port "$PORT" --no-central "${DP[@]}" >"$OUT" 2>&1; then
   echo "demo.sh --quick failed:"; tail -40 "$OUT"; exit 1
 fi
 best=$(sed -n 's/^swarm best model *\([0-9.]*\)$/\1/p' "$OUT")
@@ -30,7 +39,19 @@ echo "swarm best $best, mean local-only $mean"
 if [ -z "$best" ] || [ -z "$mean" ]; then
   echo "the demo printed no table:"; tail -40 "$OUT"; exit 1
 fi
-if ! awk -v b="$best" -v m="$mean" 'BEGIN { exit !(b > m) }'; then
+if [ "${#DP[@]}" -gt 0 ]; then
+  # Every site's epsilon, from its accountant, beside the table.
+  sites=$(sed -n 's/^site-[0-9]* *\([0-9.]*\) (delta 1e-05) over 3 round(s)$/\1/p' "$OUT")
+  echo "epsilon spent per site: $(echo $sites)"
+  if [ "$(echo "$sites" | grep -c .)" -ne 3 ]; then
+    echo "FAIL: the demo did not print the 3 sites' epsilon:"; tail -20 "$OUT"; exit 1
+  fi
+  for eps in $sites; do
+    if ! awk -v e="$eps" 'BEGIN { exit !(e > 0 && e <= 3) }'; then
+      echo "FAIL: a site spent epsilon $eps, not in (0, 3]"; exit 1
+    fi
+  done
+elif ! awk -v b="$best" -v m="$mean" 'BEGIN { exit !(b > m) }'; then
   echo "FAIL: the swarm's best model ($best) does not beat the mean local-only model ($mean)"
   exit 1
 fi

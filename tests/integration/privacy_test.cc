@@ -2,13 +2,16 @@
 // trains with DP-SGD on a small Fashion-MNIST subset; each site's accountant
 // survives a kill -9, a restart and `swarmctl resume` without restarting the
 // count, and a site with a budget stops training at it while the job goes on.
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "persist/safetensors.h"
 #include "privacy/accountant.h"
 #include "privacy/rdp.h"
 #include "tests/integration/local_swarm.h"
@@ -153,17 +156,37 @@ TEST(PrivacyIntegrationTest, EpsilonSurvivesKillRestartAndResume) {
   EXPECT_TRUE(swarm.StopAll(absl::Seconds(30)).ok());
 }
 
-// Site a's budget admits two rounds: it stops training at its budget and
-// says why; the job goes on with b and ends on both.
-TEST(PrivacyIntegrationTest, SiteStopsAtItsBudget) {
-  LocalSwarm swarm("privacy-budget");
+// A budget that admits two rounds of site a's training (DP-SGD at σ = 1.2,
+// 2 epochs of its ~900 training images a round, batch 50).
+double TwoRoundBudget() {
   // One round costs about ε(2 epochs); the budget sits between 2 and 3
   // rounds' worth.
-  const double q = 50.0 / 900.0;  // batch 50 of a's ~900 training images
+  const double q = 50.0 / 900.0;
   const uint64_t steps = static_cast<uint64_t>(std::ceil(2 / q));
-  const double budget = (*privacy::DpSgdEpsilon(q, 1.2, 2 * steps, kDelta) +
-                         *privacy::DpSgdEpsilon(q, 1.2, 3 * steps, kDelta)) /
-                        2;
+  return (*privacy::DpSgdEpsilon(q, 1.2, 2 * steps, kDelta) +
+          *privacy::DpSgdEpsilon(q, 1.2, 3 * steps, kDelta)) /
+         2;
+}
+
+// The metadata of `site`'s final model `kind` ("best", "last").
+std::map<std::string, std::string> FinalMetadata(LocalSwarm& swarm,
+                                                 const std::string& site,
+                                                 const std::string& job,
+                                                 const std::string& kind) {
+  const std::string path =
+      absl::StrCat(swarm.Workspace(site), "/", job, "/", kind, ".safetensors");
+  absl::StatusOr<persist::SafetensorsLayout> layout =
+      persist::ParseSafetensors(ReadFileOrEmpty(path), nullptr);
+  EXPECT_TRUE(layout.ok()) << path << ": " << layout.status();
+  return layout.ok() ? layout->metadata : std::map<std::string, std::string>();
+}
+
+// Site a's budget admits two rounds: it stops training at its budget and
+// says why; the job goes on with b and ends on both. The final models carry
+// both trainers' ε, the same at both sites.
+TEST(PrivacyIntegrationTest, SiteStopsAtItsBudget) {
+  LocalSwarm swarm("privacy-budget");
+  const double budget = TwoRoundBudget();
   ASSERT_TRUE(
       swarm.StartSiteWithSiteConfig("a", MlpSite(budget, 2, 0, 2000)).ok())
       << swarm.Logs();
@@ -188,11 +211,60 @@ TEST(PrivacyIntegrationTest, SiteStopsAtItsBudget) {
   EXPECT_FALSE(b->privacy().budget_exhausted());
   EXPECT_EQ(b->privacy().rounds(), 5u);
   EXPECT_GT(b->privacy().epsilon(), a->privacy().epsilon());
+  for (const char* kind : {"best", "last"}) {
+    const std::map<std::string, std::string> at_a =
+        FinalMetadata(swarm, "a", job.job_id(), kind);
+    EXPECT_EQ(at_a.count("privacy.a") ? at_a.at("privacy.a") : "",
+              absl::StrFormat("epsilon=%.6g delta=1e-05 rounds=2",
+                              a->privacy().epsilon()))
+        << kind;
+    EXPECT_EQ(at_a.count("privacy.b") ? at_a.at("privacy.b") : "",
+              absl::StrFormat("epsilon=%.6g delta=1e-05 rounds=5",
+                              b->privacy().epsilon()))
+        << kind;
+    EXPECT_EQ(FinalMetadata(swarm, "b", job.job_id(), kind), at_a) << kind;
+  }
   std::fprintf(stderr,
                "[ dp-budget ] a: epsilon %.4f of budget %.4f after %u rounds, "
                "stopped; b: epsilon %.4f after %u rounds\n",
                a->privacy().epsilon(), budget, a->privacy().rounds(),
                b->privacy().epsilon(), b->privacy().rounds());
+  EXPECT_TRUE(swarm.StopAll(absl::Seconds(30)).ok());
+}
+
+// With both trainers required (min_responses_required 2), site a at its
+// budget leaves too few: the job ends early after the first round a does
+// not train, at both sites, saying why.
+TEST(PrivacyIntegrationTest, TooFewTrainersLeftEndsTheJobEarly) {
+  LocalSwarm swarm("privacy-early");
+  ASSERT_TRUE(
+      swarm.StartSiteWithSiteConfig("a", MlpSite(TwoRoundBudget(), 2, 0, 2000))
+          .ok())
+      << swarm.Logs();
+  ASSERT_TRUE(swarm.StartSiteWithSiteConfig("b", MlpSite(0, 2, 1, 2000)).ok())
+      << swarm.Logs();
+  v1::JobConfig job = Job(swarm, "dp-early", {"a", "b"}, 6);
+  job.set_min_responses_required(2);
+  CommandResult start = swarm.Swarmctl({"start", "--job", swarm.WriteJob(job)});
+  ASSERT_EQ(start.code(), 0) << start.ToString() << swarm.Logs();
+  absl::Status done = swarm.WaitAllDone(
+      job.job_id(), absl::Now() + absl::Seconds(240) * TimeScale());
+  ASSERT_TRUE(done.ok()) << done << swarm.Logs();
+  for (const char* site : {"a", "b"}) {
+    absl::StatusOr<v1::SiteStatus> status =
+        SiteStatus(swarm, site, job.job_id());
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ(status->state(), v1::SITE_STATE_DONE) << site;
+    EXPECT_THAT(status->end_reason(),
+                HasSubstr("early stop: too few trainers remain after round 2: "
+                          "a stopped training at their privacy budget; 1 of 2 "
+                          "trainer(s) left, fewer than "
+                          "min_responses_required 2"))
+        << site;
+    // The model of round 2 is the last: no round 3 was scattered.
+    EXPECT_EQ(FinalMetadata(swarm, site, job.job_id(), "last")["round"], "2")
+        << site;
+  }
   EXPECT_TRUE(swarm.StopAll(absl::Seconds(30)).ok());
 }
 
