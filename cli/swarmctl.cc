@@ -298,28 +298,67 @@ absl::Status CheckHealth(const std::string& address,
   return absl::OkStatus();
 }
 
-// After a configure failed part-way: says that nothing was started, that
-// the sites configured so far only hold the job (a configure of the same
-// job is answered OK again), and that the same command can be run again.
-// Returns 1.
-int ConfiguredSoFar(const v1::JobConfig& job,
-                    const std::vector<std::string>& configured) {
+// Sends Abort of `job` to one site; an error naming why it did not take.
+absl::Status AbortOn(const v1::JobConfig& job, const v1::SiteInfo& site,
+                     const std::string& reason) {
+  grpc::ClientContext context;
+  SetDeadline(&context, kCallTimeout);
+  v1::AbortRequest request;
+  request.set_job_id(job.job_id());
+  request.set_sender(Sender());
+  request.set_reason(reason);
+  v1::Reply reply;
+  grpc::Status status =
+      StubFor(site.address())->Abort(&context, request, &reply);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  if (reply.outcome() != v1::OUTCOME_OK) {
+    return absl::FailedPreconditionError(reply.message());
+  }
+  return absl::OkStatus();
+}
+
+// After a configure failed part-way (`failed` refused it or did not answer):
+// the start is all-or-nothing, so the sites configured so far are rolled
+// back (the job is aborted there before it started: they do not wait for a
+// start, and a restarted daemon does not reload it), and the same command
+// can simply be run again. Says so, naming every site; returns 1.
+int RollBack(const v1::JobConfig& job, const v1::SiteInfo& failed,
+             const std::vector<v1::SiteInfo>& configured) {
+  std::vector<std::string> rolled_back, kept;
+  const std::string reason =
+      absl::StrCat("swarmctl start rolled back: the configure of ",
+                   failed.name(), " failed before the job started");
+  for (const v1::SiteInfo& site : configured) {
+    absl::Status aborted = AbortOn(job, site, reason);
+    if (aborted.ok()) {
+      rolled_back.push_back(site.name());
+    } else {
+      kept.push_back(absl::StrCat(SiteLabel(site), ": ", aborted.message()));
+    }
+  }
   Complain(
-      "swarmctl: job %s was not started on any site%s; fix the site named "
-      "above and run the same command again\n",
-      job.job_id().c_str(),
-      configured.empty()
-          ? ""
-          : absl::StrCat(" (", absl::StrJoin(configured, ", "),
-                         " hold its configuration and wait for the start)")
-                .c_str());
+      "swarmctl: job %s was not started on any site%s\n", job.job_id().c_str(),
+      rolled_back.empty() ? ""
+                          : absl::StrCat("; rolled back its configuration on ",
+                                         absl::StrJoin(rolled_back, ", "))
+                                .c_str());
+  if (!kept.empty()) {
+    Complain(
+        "swarmctl: could not roll back (they hold the job's configuration "
+        "and wait for a start; a configure of the same job replaces it):\n  "
+        "%s\n",
+        absl::StrJoin(kept, "\n  ").c_str());
+  }
+  Complain("swarmctl: fix %s (named above) and run the same command again\n",
+           SiteLabel(failed).c_str());
   return 1;
 }
 
 // Sends `job` to every site (a site already running this very job answers
-// OK). Returns the exit code: 0, or 1 naming the site that refused.
+// OK). Returns the exit code: 0, or 1 naming the site that refused, after
+// rolling back the sites configured before it.
 int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
-  std::vector<std::string> configured;
+  std::vector<v1::SiteInfo> configured;
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
@@ -334,16 +373,17 @@ int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
     if (!status.ok()) {
       Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
                status.error_message().c_str());
-      return ConfiguredSoFar(job, configured);
+      return RollBack(job, site, configured);
     }
     if (reply.outcome() != v1::OUTCOME_OK) {
       Complain(
           "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
           v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
-      return ConfiguredSoFar(job, configured);
+      return RollBack(job, site, configured);
     }
     std::printf("configured %s\n", SiteLabel(site).c_str());
-    configured.push_back(site.name());
+    std::fflush(stdout);
+    configured.push_back(site);
   }
   return 0;
 }
@@ -506,7 +546,10 @@ int CheckJobStates(const Args& args, const v1::JobConfig& job,
       continue;
     }
     if (s.state() == v1::SITE_STATE_DONE) finished.push_back(probe.site.name());
-    if (s.rejoined() && !IsTerminal(s.state())) {
+    // A reloaded job that never started (CONFIGURED: a start that did not
+    // finish, then a restart) has nothing to resume: it is configured anew.
+    if (s.rejoined() && !IsTerminal(s.state()) &&
+        s.state() != v1::SITE_STATE_CONFIGURED) {
       rejoined.push_back(probe.site.name());
       resume_round = std::max(resume_round, s.global_round());
     }
@@ -850,21 +893,12 @@ int Abort(const Args& args) {
     return 2;
   }
   int failures = 0;
+  const std::string reason =
+      args.values.count("reason") > 0 ? args.values.at("reason") : "";
   for (const v1::SiteInfo& site : job->sites()) {
-    grpc::ClientContext context;
-    SetDeadline(&context, kCallTimeout);
-    v1::AbortRequest request;
-    request.set_job_id(job->job_id());
-    request.set_sender(Sender());
-    if (args.values.count("reason") > 0)
-      request.set_reason(args.values.at("reason"));
-    v1::Reply reply;
-    grpc::Status status =
-        StubFor(site.address())->Abort(&context, request, &reply);
-    if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
+    if (absl::Status aborted = AbortOn(*job, site, reason); !aborted.ok()) {
       Complain("swarmctl: %s: abort failed: %s\n", SiteLabel(site).c_str(),
-               status.ok() ? reply.message().c_str()
-                           : status.error_message().c_str());
+               std::string(aborted.message()).c_str());
       ++failures;
       continue;
     }
