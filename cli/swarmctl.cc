@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -318,11 +319,14 @@ absl::Status AbortOn(const v1::JobConfig& job, const v1::SiteInfo& site,
 }
 
 // After a configure failed part-way (`failed` refused it or did not answer):
-// the start is all-or-nothing, so the sites configured so far are rolled
-// back (the job is aborted there before it started: they do not wait for a
-// start, and a restarted daemon does not reload it), and the same command
-// can simply be run again. Says so, naming every site; returns 1.
-int RollBack(const v1::JobConfig& job, const v1::SiteInfo& failed,
+// a start is all-or-nothing, so the sites it configured so far
+// (`configured`) are rolled back (the job is aborted there before it
+// started: they do not wait for a start, and a restarted daemon does not
+// reload it), and the same command can simply be run again. A resume rolls
+// nothing back (its sites hold the job they reloaded): `configured` is empty
+// then. Says so, naming every site; returns 1.
+int RollBack(const v1::JobConfig& job, const char* verb,
+             const v1::SiteInfo& failed,
              const std::vector<v1::SiteInfo>& configured) {
   std::vector<std::string> rolled_back, kept;
   const std::string reason =
@@ -337,7 +341,7 @@ int RollBack(const v1::JobConfig& job, const v1::SiteInfo& failed,
     }
   }
   Complain(
-      "swarmctl: job %s was not started on any site%s\n", job.job_id().c_str(),
+      "swarmctl: job %s was not %s on any site%s\n", job.job_id().c_str(), verb,
       rolled_back.empty() ? ""
                           : absl::StrCat("; rolled back its configuration on ",
                                          absl::StrJoin(rolled_back, ", "))
@@ -355,10 +359,14 @@ int RollBack(const v1::JobConfig& job, const v1::SiteInfo& failed,
 }
 
 // Sends `job` to every site (a site already running this very job answers
-// OK). Returns the exit code: 0, or 1 naming the site that refused, after
-// rolling back the sites configured before it.
-int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
+// OK). Returns the exit code: 0, or 1 naming the site that refused. A start
+// (`start`) then rolls back the sites configured before that one, except
+// those in `running` (they ran this job before the start: nothing of theirs
+// is touched); a resume rolls back nothing.
+int ConfigureAll(const v1::JobConfig& job, bool start, bool rerun_finished,
+                 const std::set<std::string>& running) {
   std::vector<v1::SiteInfo> configured;
+  const char* verb = start ? "started" : "resumed";
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
@@ -373,17 +381,17 @@ int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
     if (!status.ok()) {
       Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
                status.error_message().c_str());
-      return RollBack(job, site, configured);
+      return RollBack(job, verb, site, configured);
     }
     if (reply.outcome() != v1::OUTCOME_OK) {
       Complain(
           "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
           v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
-      return RollBack(job, site, configured);
+      return RollBack(job, verb, site, configured);
     }
     std::printf("configured %s\n", SiteLabel(site).c_str());
     std::fflush(stdout);
-    configured.push_back(site);
+    if (start && running.count(site.name()) == 0) configured.push_back(site);
   }
   return 0;
 }
@@ -625,7 +633,19 @@ int Start(const Args& args) {
     return code;
   }
   if (int code = CheckJobStates(args, *job, probes); code != 0) return code;
-  if (int code = ConfigureAll(*job, args.rerun_finished); code != 0) {
+  // Sites that already run this very job (it started) answer the configure
+  // OK and are never rolled back.
+  std::set<std::string> running;
+  for (const SiteProbe& probe : probes) {
+    const v1::SiteStatus& s = probe.reply.status();
+    if (s.job_id() == job->job_id() && !IsTerminal(s.state()) &&
+        s.state() != v1::SITE_STATE_CONFIGURED) {
+      running.insert(probe.site.name());
+    }
+  }
+  if (int code =
+          ConfigureAll(*job, /*start=*/true, args.rerun_finished, running);
+      code != 0) {
     return code;
   }
   const v1::SiteInfo& starter = *FindSite(*job, job->starting_site());
@@ -645,7 +665,11 @@ int Resume(const Args& args) {
     Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
-  if (int code = ConfigureAll(*job); code != 0) return code;
+  if (int code = ConfigureAll(*job, /*start=*/false, /*rerun_finished=*/false,
+                              /*running=*/{});
+      code != 0) {
+    return code;
+  }
   const v1::SiteInfo* from = nullptr;
   int64_t latest = -1;
   for (const v1::SiteInfo& site : job->sites()) {

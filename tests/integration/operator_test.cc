@@ -6,7 +6,8 @@
 //     same command works once the site is back);
 //   - a site that dies after those checks, before its configure (the sites
 //     configured before it are rolled back; the same command works once it
-//     is back), and a job reloaded before its start (started afresh);
+//     is back), a job reloaded before its start (started afresh), and a
+//     resume with a site still down (nothing rolled back);
 //   - status and fetch while the sites run another job or this one;
 //   - sites of another wire protocol major version (a simulated peer), and
 //     a peer older than the version exchange, which keeps working.
@@ -424,6 +425,39 @@ TEST(OperatorTest, AStartThatFailsPartWayIsRolledBack) {
   ASSERT_EQ(again.code(), 0) << again.ToString() << swarm.Logs();
   ASSERT_TRUE(swarm.WaitAllDone("rollback-1", Deadline(absl::Seconds(60))).ok())
       << swarm.Logs();
+}
+
+// A resume rolls nothing back: with one site still down, the sites that
+// reloaded the job keep it (nothing aborted), and the same command resumes
+// it once that site is back.
+TEST(OperatorTest, AResumeWithASiteStillDownKeepsTheReloadedJob) {
+  LocalSwarm swarm("operator_resume_down");
+  for (const char* name : {"site-a", "site-b", "site-c"}) {
+    ASSERT_TRUE(swarm.StartSite(name, kSlow).ok());
+  }
+  const std::string job = swarm.WriteJob(JobOf(
+      swarm, "resume-down-1", {"site-a", "site-b", "site-c"}, /*rounds=*/200));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  WaitForRound(swarm, "site-a", 3);
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-b").ok()) << swarm.Logs();
+  swarm.site("site-c").process->Kill();
+
+  const CommandResult down = swarm.Swarmctl({"resume", "--job", job});
+  EXPECT_EQ(down.code(), 1) << down.ToString();
+  EXPECT_THAT(down.err, HasSubstr("site site-c"));
+  EXPECT_THAT(down.err, HasSubstr("job resume-down-1 was not resumed"));
+  EXPECT_THAT(down.err, Not(HasSubstr("rolled back")));
+  for (const char* name : {"site-a", "site-b"}) {
+    const v1::SiteStatus status = StatusOf(swarm, name);
+    EXPECT_EQ(status.job_id(), "resume-down-1") << name;
+    EXPECT_NE(status.state(), v1::SITE_STATE_ABORTED) << name;
+    EXPECT_TRUE(status.rejoined()) << name;
+  }
+  ASSERT_TRUE(swarm.RestartSite("site-c").ok()) << swarm.Logs();
+  const CommandResult resume = swarm.Swarmctl({"resume", "--job", job});
+  EXPECT_EQ(resume.code(), 0) << resume.ToString() << swarm.Logs();
+  EXPECT_EQ(swarm.Swarmctl({"abort", "--job", job}).code(), 0);
 }
 
 // A start that never finished (swarmctl itself killed after configuring
