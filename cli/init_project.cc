@@ -181,11 +181,12 @@ std::string RemoteCommands(const InitOptions& options, const std::string& dir,
   for (const v1::SiteInfo& site : job.sites()) {
     const std::string host =
         site.address().substr(0, site.address().rfind(':'));
-    absl::StrAppend(&text, "  # ", site.name(), " (", site.address(), ")\n",
-                    "  scp -rp ", dir, "/sites/", site.name(), " ", host,
-                    ":/etc/swarm/", site.name(), "\n", "  ssh ", host,
-                    " swarm-client --config /etc/swarm/", site.name(),
-                    "/site.json\n");
+    // /etc/swarm does not exist on a fresh machine: scp would not make it.
+    absl::StrAppend(
+        &text, "  # ", site.name(), " (", site.address(), ")\n", "  ssh ", host,
+        " mkdir -p /etc/swarm\n", "  scp -rp ", dir, "/sites/", site.name(),
+        " ", host, ":/etc/swarm/", site.name(), "\n", "  ssh ", host,
+        " swarm-client --config /etc/swarm/", site.name(), "/site.json\n");
   }
   return text;
 }
@@ -210,7 +211,9 @@ std::string Commands(const InitOptions& options, const std::string& dir,
                   "/job.json --wait-healthy 60\n", "  ", options.swarmctl,
                   " status --job ", dir, "/job.json --watch\n", "  ",
                   options.swarmctl, " fetch --site ", job.sites(0).address(),
-                  " --which best --out ", dir, "/best.safetensors\n");
+                  " --which best --out ", dir, "/best.safetensors\n", "  ",
+                  options.swarmctl, " fetch --site ", job.sites(0).address(),
+                  " --which last --out ", dir, "/last.safetensors\n");
   return text;
 }
 

@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -298,28 +299,74 @@ absl::Status CheckHealth(const std::string& address,
   return absl::OkStatus();
 }
 
-// After a configure failed part-way: says that nothing was started, that
-// the sites configured so far only hold the job (a configure of the same
-// job is answered OK again), and that the same command can be run again.
-// Returns 1.
-int ConfiguredSoFar(const v1::JobConfig& job,
-                    const std::vector<std::string>& configured) {
+// Sends Abort of `job` to one site; an error naming why it did not take.
+absl::Status AbortOn(const v1::JobConfig& job, const v1::SiteInfo& site,
+                     const std::string& reason) {
+  grpc::ClientContext context;
+  SetDeadline(&context, kCallTimeout);
+  v1::AbortRequest request;
+  request.set_job_id(job.job_id());
+  request.set_sender(Sender());
+  request.set_reason(reason);
+  v1::Reply reply;
+  grpc::Status status =
+      StubFor(site.address())->Abort(&context, request, &reply);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  if (reply.outcome() != v1::OUTCOME_OK) {
+    return absl::FailedPreconditionError(reply.message());
+  }
+  return absl::OkStatus();
+}
+
+// After a configure failed part-way (`failed` refused it or did not answer):
+// a start is all-or-nothing, so the sites it configured so far
+// (`configured`) are rolled back (the job is aborted there before it
+// started: they do not wait for a start, and a restarted daemon does not
+// reload it), and the same command can simply be run again. A resume rolls
+// nothing back (its sites hold the job they reloaded): `configured` is empty
+// then. Says so, naming every site; returns 1.
+int RollBack(const v1::JobConfig& job, const char* verb,
+             const v1::SiteInfo& failed,
+             const std::vector<v1::SiteInfo>& configured) {
+  std::vector<std::string> rolled_back, kept;
+  const std::string reason =
+      absl::StrCat("swarmctl start rolled back: the configure of ",
+                   failed.name(), " failed before the job started");
+  for (const v1::SiteInfo& site : configured) {
+    absl::Status aborted = AbortOn(job, site, reason);
+    if (aborted.ok()) {
+      rolled_back.push_back(site.name());
+    } else {
+      kept.push_back(absl::StrCat(SiteLabel(site), ": ", aborted.message()));
+    }
+  }
   Complain(
-      "swarmctl: job %s was not started on any site%s; fix the site named "
-      "above and run the same command again\n",
-      job.job_id().c_str(),
-      configured.empty()
-          ? ""
-          : absl::StrCat(" (", absl::StrJoin(configured, ", "),
-                         " hold its configuration and wait for the start)")
-                .c_str());
+      "swarmctl: job %s was not %s on any site%s\n", job.job_id().c_str(), verb,
+      rolled_back.empty() ? ""
+                          : absl::StrCat("; rolled back its configuration on ",
+                                         absl::StrJoin(rolled_back, ", "))
+                                .c_str());
+  if (!kept.empty()) {
+    Complain(
+        "swarmctl: could not roll back (they hold the job's configuration "
+        "and wait for a start; a configure of the same job replaces it):\n  "
+        "%s\n",
+        absl::StrJoin(kept, "\n  ").c_str());
+  }
+  Complain("swarmctl: fix %s (named above) and run the same command again\n",
+           SiteLabel(failed).c_str());
   return 1;
 }
 
 // Sends `job` to every site (a site already running this very job answers
-// OK). Returns the exit code: 0, or 1 naming the site that refused.
-int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
-  std::vector<std::string> configured;
+// OK). Returns the exit code: 0, or 1 naming the site that refused. A start
+// (`start`) then rolls back the sites configured before that one, except
+// those in `running` (they ran this job before the start: nothing of theirs
+// is touched); a resume rolls back nothing.
+int ConfigureAll(const v1::JobConfig& job, bool start, bool rerun_finished,
+                 const std::set<std::string>& running) {
+  std::vector<v1::SiteInfo> configured;
+  const char* verb = start ? "started" : "resumed";
   for (const v1::SiteInfo& site : job.sites()) {
     grpc::ClientContext context;
     SetDeadline(&context, kCallTimeout);
@@ -334,16 +381,17 @@ int ConfigureAll(const v1::JobConfig& job, bool rerun_finished = false) {
     if (!status.ok()) {
       Complain("swarmctl: %s: configure failed: %s\n", SiteLabel(site).c_str(),
                status.error_message().c_str());
-      return ConfiguredSoFar(job, configured);
+      return RollBack(job, verb, site, configured);
     }
     if (reply.outcome() != v1::OUTCOME_OK) {
       Complain(
           "swarmctl: %s refused the job (%s): %s\n", SiteLabel(site).c_str(),
           v1::Outcome_Name(reply.outcome()).c_str(), reply.message().c_str());
-      return ConfiguredSoFar(job, configured);
+      return RollBack(job, verb, site, configured);
     }
     std::printf("configured %s\n", SiteLabel(site).c_str());
-    configured.push_back(site.name());
+    std::fflush(stdout);
+    if (start && running.count(site.name()) == 0) configured.push_back(site);
   }
   return 0;
 }
@@ -506,7 +554,10 @@ int CheckJobStates(const Args& args, const v1::JobConfig& job,
       continue;
     }
     if (s.state() == v1::SITE_STATE_DONE) finished.push_back(probe.site.name());
-    if (s.rejoined() && !IsTerminal(s.state())) {
+    // A reloaded job that never started (CONFIGURED: a start that did not
+    // finish, then a restart) has nothing to resume: it is configured anew.
+    if (s.rejoined() && !IsTerminal(s.state()) &&
+        s.state() != v1::SITE_STATE_CONFIGURED) {
       rejoined.push_back(probe.site.name());
       resume_round = std::max(resume_round, s.global_round());
     }
@@ -582,7 +633,19 @@ int Start(const Args& args) {
     return code;
   }
   if (int code = CheckJobStates(args, *job, probes); code != 0) return code;
-  if (int code = ConfigureAll(*job, args.rerun_finished); code != 0) {
+  // Sites that already run this very job (it started) answer the configure
+  // OK and are never rolled back.
+  std::set<std::string> running;
+  for (const SiteProbe& probe : probes) {
+    const v1::SiteStatus& s = probe.reply.status();
+    if (s.job_id() == job->job_id() && !IsTerminal(s.state()) &&
+        s.state() != v1::SITE_STATE_CONFIGURED) {
+      running.insert(probe.site.name());
+    }
+  }
+  if (int code =
+          ConfigureAll(*job, /*start=*/true, args.rerun_finished, running);
+      code != 0) {
     return code;
   }
   const v1::SiteInfo& starter = *FindSite(*job, job->starting_site());
@@ -602,7 +665,11 @@ int Resume(const Args& args) {
     Complain("swarmctl: %s\n", std::string(job.status().message()).c_str());
     return 2;
   }
-  if (int code = ConfigureAll(*job); code != 0) return code;
+  if (int code = ConfigureAll(*job, /*start=*/false, /*rerun_finished=*/false,
+                              /*running=*/{});
+      code != 0) {
+    return code;
+  }
   const v1::SiteInfo* from = nullptr;
   int64_t latest = -1;
   for (const v1::SiteInfo& site : job->sites()) {
@@ -850,21 +917,12 @@ int Abort(const Args& args) {
     return 2;
   }
   int failures = 0;
+  const std::string reason =
+      args.values.count("reason") > 0 ? args.values.at("reason") : "";
   for (const v1::SiteInfo& site : job->sites()) {
-    grpc::ClientContext context;
-    SetDeadline(&context, kCallTimeout);
-    v1::AbortRequest request;
-    request.set_job_id(job->job_id());
-    request.set_sender(Sender());
-    if (args.values.count("reason") > 0)
-      request.set_reason(args.values.at("reason"));
-    v1::Reply reply;
-    grpc::Status status =
-        StubFor(site.address())->Abort(&context, request, &reply);
-    if (!status.ok() || reply.outcome() != v1::OUTCOME_OK) {
+    if (absl::Status aborted = AbortOn(*job, site, reason); !aborted.ok()) {
       Complain("swarmctl: %s: abort failed: %s\n", SiteLabel(site).c_str(),
-               status.ok() ? reply.message().c_str()
-                           : status.error_message().c_str());
+               std::string(aborted.message()).c_str());
       ++failures;
       continue;
     }

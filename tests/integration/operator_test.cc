@@ -4,17 +4,30 @@
 //   - start after every site restarted (names swarmctl resume);
 //   - start with a site down or frozen (nothing configured anywhere; the
 //     same command works once the site is back);
+//   - a site that dies after those checks, before its configure (the sites
+//     configured before it are rolled back; the same command works once it
+//     is back), a job reloaded before its start (started afresh), and a
+//     resume with a site still down (nothing rolled back);
 //   - status and fetch while the sites run another job or this one;
 //   - sites of another wire protocol major version (a simulated peer), and
 //     a peer older than the version exchange, which keeps working.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/version.h"
@@ -221,6 +234,264 @@ TEST(OperatorTest, StatusAndFetchSayWhatTheSitesRun) {
   EXPECT_THAT(fetch.err, HasSubstr("job running-1 is still running on site"));
   EXPECT_THAT(fetch.err, HasSubstr("(round "));
   EXPECT_EQ(swarm.Swarmctl({"abort", "--job", running}).code(), 0);
+}
+
+// A TCP relay in front of one site (the job config names the relay's
+// address): it passes every connection through, except that when the
+// `gate_at`-th connection arrives it first runs `on_gate` (the test kills
+// the site) and then closes that connection unanswered. swarmctl opens one
+// connection per call, so with gate_at 2 the site answers the start's
+// status check and is gone when its configure comes: exactly the moment
+// between the checks and its configure.
+class GateRelay {
+ public:
+  GateRelay(int target_port, int gate_at, std::function<void()> on_gate)
+      : target_port_(target_port),
+        gate_at_(gate_at),
+        on_gate_(std::move(on_gate)) {}
+  ~GateRelay() {
+    if (thread_.joinable()) {
+      const char byte = 0;
+      (void)!write(wake_[1], &byte, 1);
+      thread_.join();
+    }
+    for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  absl::Status Start() {
+    if (pipe(wake_) != 0) return absl::InternalError("pipe");
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (listen_fd_ < 0 ||
+        bind(listen_fd_, reinterpret_cast<sockaddr*>(&address),
+             sizeof(address)) != 0 ||
+        listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address),
+                    &length) != 0) {
+      return absl::InternalError("cannot listen on 127.0.0.1");
+    }
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int connections() const { return connections_; }
+
+ private:
+  int ConnectTarget() const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(target_port_);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&address),
+                           sizeof(address)) == 0) {
+      return fd;
+    }
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+
+  static bool WriteAll(int fd, const char* data, ssize_t size) {
+    while (size > 0) {
+      const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      data += n;
+      size -= n;
+    }
+    return true;
+  }
+
+  void Run() {
+    std::vector<std::pair<int, int>> pairs;  // client, target
+    while (true) {
+      std::vector<pollfd> fds = {{wake_[0], POLLIN, 0},
+                                 {listen_fd_, POLLIN, 0}};
+      for (const auto& [client, target] : pairs) {
+        fds.push_back({client, POLLIN, 0});
+        fds.push_back({target, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), -1) < 0) continue;
+      if (fds[0].revents != 0) break;
+      const size_t polled = pairs.size();  // A new pair waits a round.
+      if (fds[1].revents & POLLIN) {
+        const int client = accept(listen_fd_, nullptr, nullptr);
+        if (client >= 0) {
+          const int count = ++connections_;
+          const int target = count == gate_at_ ? -1 : ConnectTarget();
+          if (count == gate_at_) on_gate_();
+          if (target < 0) {
+            close(client);
+          } else {
+            pairs.emplace_back(client, target);
+          }
+        }
+      }
+      std::vector<std::pair<int, int>> open(pairs.begin() + polled,
+                                            pairs.end());
+      for (size_t i = 0; i < polled; ++i) {
+        bool alive = true;
+        for (int side = 0; side < 2 && alive; ++side) {
+          const pollfd& p = fds[2 + 2 * i + side];
+          if (p.revents == 0) continue;
+          const int from = side == 0 ? pairs[i].first : pairs[i].second;
+          const int to = side == 0 ? pairs[i].second : pairs[i].first;
+          char buffer[65536];
+          const ssize_t n = read(from, buffer, sizeof(buffer));
+          alive = n > 0 && WriteAll(to, buffer, n);
+        }
+        if (alive) {
+          open.push_back(pairs[i]);
+        } else {
+          close(pairs[i].first);
+          close(pairs[i].second);
+        }
+      }
+      pairs.swap(open);
+    }
+    for (const auto& [client, target] : pairs) {
+      close(client);
+      close(target);
+    }
+  }
+
+  const int target_port_;
+  const int gate_at_;
+  std::function<void()> on_gate_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  int port_ = 0;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+int PortOf(const std::string& address) {
+  int port = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port))
+      << address;
+  return port;
+}
+
+// The start is all-or-nothing: site-c dies after the checks passed and
+// before its configure; the sites configured before it are rolled back (not
+// left waiting for a start, nor reloaded by a restart as an interrupted
+// job), and the same command runs the job once site-c is back.
+TEST(OperatorTest, AStartThatFailsPartWayIsRolledBack) {
+  LocalSwarm swarm("operator_rollback");
+  for (const char* name : {"site-a", "site-b", "site-c"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const pid_t site_c = swarm.site("site-c").process->pid();
+  GateRelay relay(PortOf(swarm.site("site-c").address), /*gate_at=*/2,
+                  [site_c] { kill(site_c, SIGKILL); });
+  ASSERT_TRUE(relay.Start().ok());
+  v1::JobConfig config =
+      JobOf(swarm, "rollback-1", {"site-a", "site-b", "site-c"}, 2);
+  config.mutable_sites(2)->set_address(relay.address());
+  const std::string job = swarm.WriteJob(config);
+
+  const CommandResult failed = swarm.Swarmctl({"start", "--job", job});
+  // (gRPC may try the dead address again: more connections, all closed.)
+  ASSERT_GE(relay.connections(), 2)
+      << "swarmctl never came to site-c's configure; " << failed.ToString();
+  EXPECT_EQ(failed.code(), 1) << failed.ToString();
+  EXPECT_THAT(failed.err, HasSubstr("site site-c"));
+  EXPECT_THAT(failed.err, HasSubstr("configure failed"));
+  EXPECT_THAT(failed.err,
+              HasSubstr("was not started on any site; rolled back its "
+                        "configuration on site-a, site-b"));
+  EXPECT_THAT(failed.err, HasSubstr("run the same command again"));
+  for (const char* name : {"site-a", "site-b"}) {
+    const v1::SiteStatus status = StatusOf(swarm, name);
+    EXPECT_EQ(status.job_id(), "rollback-1") << name;
+    EXPECT_EQ(status.state(), v1::SITE_STATE_ABORTED) << name;
+    EXPECT_THAT(status.last_error(), HasSubstr("rolled back")) << name;
+  }
+  // What the rollback leaves in a workspace: the job's config and its
+  // state (aborted), which a restart does not reload.
+  EXPECT_THAT(ListFiles(swarm.Workspace("site-a") + "/rollback-1"),
+              ::testing::IsSupersetOf({"job.json", "state.json"}));
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
+
+  // site-c is back (same address): the very same command runs the job.
+  ASSERT_TRUE(swarm.RestartSite("site-c").ok()) << swarm.Logs();
+  const CommandResult again = swarm.Swarmctl({"start", "--job", job});
+  ASSERT_EQ(again.code(), 0) << again.ToString() << swarm.Logs();
+  ASSERT_TRUE(swarm.WaitAllDone("rollback-1", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
+}
+
+// A resume rolls nothing back: with one site still down, the sites that
+// reloaded the job keep it (nothing aborted), and the same command resumes
+// it once that site is back.
+TEST(OperatorTest, AResumeWithASiteStillDownKeepsTheReloadedJob) {
+  LocalSwarm swarm("operator_resume_down");
+  for (const char* name : {"site-a", "site-b", "site-c"}) {
+    ASSERT_TRUE(swarm.StartSite(name, kSlow).ok());
+  }
+  const std::string job = swarm.WriteJob(JobOf(
+      swarm, "resume-down-1", {"site-a", "site-b", "site-c"}, /*rounds=*/200));
+  ASSERT_EQ(swarm.Swarmctl({"start", "--job", job}).code(), 0);
+  WaitForRound(swarm, "site-a", 3);
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-b").ok()) << swarm.Logs();
+  swarm.site("site-c").process->Kill();
+
+  const CommandResult down = swarm.Swarmctl({"resume", "--job", job});
+  EXPECT_EQ(down.code(), 1) << down.ToString();
+  EXPECT_THAT(down.err, HasSubstr("site site-c"));
+  EXPECT_THAT(down.err, HasSubstr("job resume-down-1 was not resumed"));
+  EXPECT_THAT(down.err, Not(HasSubstr("rolled back")));
+  for (const char* name : {"site-a", "site-b"}) {
+    const v1::SiteStatus status = StatusOf(swarm, name);
+    EXPECT_EQ(status.job_id(), "resume-down-1") << name;
+    EXPECT_NE(status.state(), v1::SITE_STATE_ABORTED) << name;
+    EXPECT_TRUE(status.rejoined()) << name;
+  }
+  ASSERT_TRUE(swarm.RestartSite("site-c").ok()) << swarm.Logs();
+  const CommandResult resume = swarm.Swarmctl({"resume", "--job", job});
+  EXPECT_EQ(resume.code(), 0) << resume.ToString() << swarm.Logs();
+  EXPECT_EQ(swarm.Swarmctl({"abort", "--job", job}).code(), 0);
+}
+
+// A start that never finished (swarmctl itself killed after configuring
+// some sites: nothing rolled back), then those sites restarted: they reload
+// a job that never started, which is configured anew, not "interrupted".
+TEST(OperatorTest, AJobReloadedBeforeItsStartIsStartedAfresh) {
+  LocalSwarm swarm("operator_unstarted");
+  for (const char* name : {"site-a", "site-b"}) {
+    ASSERT_TRUE(swarm.StartSite(name, {{"size", "256"}}).ok());
+  }
+  const v1::JobConfig config =
+      JobOf(swarm, "unstarted-1", {"site-a", "site-b"}, 2);
+  const std::string job = swarm.WriteJob(config);
+  v1::ConfigureRequest request;
+  request.set_sender("admin");
+  *request.mutable_job() = config;
+  *request.mutable_protocol() = OwnProtocolVersion();
+  v1::Reply reply;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(swarm.Stub("site-a").Configure(&context, request, &reply).ok());
+  }
+  ASSERT_EQ(reply.outcome(), v1::OUTCOME_OK) << reply.message();
+  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  const v1::SiteStatus reloaded = StatusOf(swarm, "site-a");
+  ASSERT_EQ(reloaded.job_id(), "unstarted-1");
+  ASSERT_EQ(reloaded.state(), v1::SITE_STATE_CONFIGURED);
+  ASSERT_TRUE(reloaded.rejoined());
+
+  const CommandResult start = swarm.Swarmctl({"start", "--job", job});
+  ASSERT_EQ(start.code(), 0) << start.ToString() << swarm.Logs();
+  ASSERT_TRUE(
+      swarm.WaitAllDone("unstarted-1", Deadline(absl::Seconds(60))).ok())
+      << swarm.Logs();
 }
 
 // A stand-in peer of a chosen wire protocol version: answers Status (with
