@@ -88,8 +88,10 @@ finish_background_build() {
 # Tests whose time goes to code a sanitizer does not instrument run in the
 # release stage only: the PyTorch demo (150 s of PyTorch; its daemon side, the
 # trainer link in launch mode, runs under ASan in integration_trainer_test)
-# and the pip install of the SDK (Python packaging, no C++ of ours).
-SANITIZER_SKIPS="demo_pytorch_quick_test|python_install_test"
+# and the pip install of the SDK (Python packaging, no C++ of ours; with the
+# PyTorch example on it, attached over the trainer link as
+# integration_trainer_test's scripted trainers are under ASan).
+SANITIZER_SKIPS="demo_pytorch_quick_test|python_install_test|python_install_pytorch_test"
 
 # run_tests NAME ["CTEST ARGS"]: the whole suite (empty args: all but the
 # fault tests with -j JOBS, then the fault tests' six shards, FAULT_JOBS of
