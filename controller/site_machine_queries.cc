@@ -125,8 +125,10 @@ absl::StatusOr<FetchSource> SiteMachine::ModelForFetch(
     default:
       return absl::InvalidArgumentError("unknown model selector");
   }
-  auto it = run_->finals.find(source.final_kind);
-  if (it != run_->finals.end()) source.model = it->second;
+  // BEST and LAST come from their files, not from memory: the file holds
+  // the final's own metadata (kind, metric, best site, end reason, every
+  // trainer's privacy spend); the model in memory holds the stream's. A
+  // final is in `finals` only once its file is written.
   return source;
 }
 
