@@ -25,7 +25,9 @@
 namespace swarm {
 
 inline constexpr uint32_t kWireProtocolMajor = 1;
-inline constexpr uint32_t kWireProtocolMinor = 1;
+// 1.2: ModelHeader.privacy_spent and trainer_stopped, ShareBestRequest's
+// end reason and privacy spend (the privacy spend in the finals).
+inline constexpr uint32_t kWireProtocolMinor = 2;
 
 // "0.9.0".
 const char* ReleaseVersion();
