@@ -308,8 +308,7 @@ TEST(WalkthroughTest, TheReadmeAcrossThreeMachinesWithInitAlone) {
       ASSERT_TRUE(copy->SameLayout(*fetched)) << own << " vs " << path;
       // The final's metadata too (kind, metric, best site, end reason), not
       // that of the stream that brought it.
-      EXPECT_EQ(copy->metadata(), fetched->metadata())
-          << own << " vs " << path;
+      EXPECT_EQ(copy->metadata(), fetched->metadata()) << own << " vs " << path;
       for (size_t i = 0; i < copy->num_tensors(); ++i) {
         EXPECT_EQ(copy->tensor_data(i), fetched->tensor_data(i))
             << copy->spec(i).name << " of " << own << " vs " << path;
