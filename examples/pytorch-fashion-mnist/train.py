@@ -5,9 +5,13 @@
                                 learner params come with each task
   train.py --evaluate FILE      test accuracy of a safetensors CNN
   train.py --baseline (--shard FILE | --central) --epochs E [--lr
-           --lr-decay --seed --batch-size]
+           --lr-decay --seed --batch-size] [--dp-epsilon EPS [--dp-delta D
+           --dp-clip-norm C]]
                                 train from the same initial model without the
-                                swarm, print test accuracy
+                                swarm, print test accuracy; with --dp-epsilon,
+                                by DP-SGD within (EPS, D) over the E epochs
+                                (a site alone at the swarm's ε), printing
+                                the ε spent
 
 Data: Debian's dataset-fashion-mnist IDX files. Each site trains on the shard
 the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
@@ -188,7 +192,18 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dp-epsilon", type=float,
+                        help="baseline by DP-SGD within this epsilon")
+    parser.add_argument("--dp-delta", type=float, default=1e-5)
+    parser.add_argument("--dp-clip-norm", type=float, default=1.0)
     args = parser.parse_args()
+    if args.dp_epsilon is not None and not args.baseline:
+        parser.error("--dp-epsilon is for --baseline; in the swarm, DP-SGD "
+                     "comes with the task (learner param dp_target_epsilon)")
+    if args.dp_epsilon is not None and args.dp_epsilon <= 0:
+        parser.error(f"--dp-epsilon must be > 0, not {args.dp_epsilon}")
+    if not 0 < args.dp_delta < 1:
+        parser.error(f"--dp-delta must be in (0, 1), not {args.dp_delta}")
     if not args.evaluate and not args.baseline:
         return run_swarm()
     torch.set_num_threads(args.threads)
@@ -202,11 +217,30 @@ def main():
             train_idx, _ = read_shard(args.shard)
             x, y = x[train_idx], y[train_idx]
         start = time.time()
+        # DP-SGD as the swarm runs it: one "round" per epoch, the noise set
+        # for all of them to stay within --dp-epsilon.
+        dp = None if args.dp_epsilon is None else {
+            "epochs": "1", "batch_size": str(args.batch_size),
+            "dp_target_epsilon": str(args.dp_epsilon),
+            "dp_rounds": str(args.epochs), "dp_delta": str(args.dp_delta),
+            "dp_clip_norm": str(args.dp_clip_norm)}
+        cost = None
         for epoch in range(args.epochs):
-            train(model, x, y, 1, args.lr * args.lr_decay ** epoch,
-                  args.momentum, args.batch_size, args.seed * 100003 + epoch)
+            lr = args.lr * args.lr_decay ** epoch
+            if dp is not None:
+                cost = train_private(model, x, y, dp, lr)
+            else:
+                train(model, x, y, 1, lr, args.momentum, args.batch_size,
+                      args.seed * 100003 + epoch)
         print(f"trained {args.epochs} epochs on {len(y)} images in "
               f"{time.time() - start:.0f}s", file=sys.stderr)
+        if cost is not None:
+            from swarm.dp import epsilon
+            spent = epsilon(cost.sampling_rate, cost.noise_multiplier,
+                            cost.steps * args.epochs, args.dp_delta)
+            print(f"dp_epsilon={spent:.4f} dp_delta={args.dp_delta:g} "
+                  f"noise_multiplier={cost.noise_multiplier:.4f} "
+                  f"steps={cost.steps * args.epochs}")
     result = evaluate(model, test_x, test_y)
     print(f"test_accuracy={result['accuracy']:.4f} "
           f"test_loss={result['loss']:.4f}")

@@ -106,8 +106,17 @@ awk -v a="${accuracy:-0}" 'BEGIN { exit !(a > 0.3) }' ||
   fail "the swarm's best CNN scored validation accuracy ${accuracy:-none} (want > 0.3)"
 [ -s "$TMP/trial/best.safetensors" ] && [ -s "$TMP/trial/last.safetensors" ] ||
   fail "BEST and LAST were not fetched"
+# A site alone by DP-SGD at a given ε (the example's --dp-epsilon, through
+# the installed swarm.dp): it must spend at most that ε, and not nothing.
+(cd / && OMP_NUM_THREADS=1 "$TMP/venv/bin/python" "$TMP/train.py" --baseline \
+   --shard "$TMP/trial/sites/site-1/shard.txt" --epochs 1 --dp-epsilon 2 \
+   >"$TMP/dp.out" 2>&1) || fail "train.py --baseline --dp-epsilon 2 failed: $(tail -5 "$TMP/dp.out")"
+spent=$(sed -n 's/^dp_epsilon=\([0-9.]*\) .*/\1/p' "$TMP/dp.out")
+awk -v e="${spent:-0}" 'BEGIN { exit !(e > 0.5 && e <= 2.0) }' ||
+  fail "train.py --dp-epsilon 2 spent epsilon ${spent:-none} (want in (0.5, 2]): $(tail -3 "$TMP/dp.out")"
 echo "PASS: the PyTorch example on the pip-installed SDK (best CNN: validation" \
   "accuracy $accuracy; install ${installed}s, daemons and trainers" \
-  "$((began - installed))s, job $((ran - began))s)"
+  "$((began - installed))s, job $((ran - began))s; alone by DP-SGD:" \
+  "epsilon $spent of 2)"
 cleanup
 rm -rf "$TMP"
