@@ -108,8 +108,11 @@ awk -v a="${accuracy:-0}" 'BEGIN { exit !(a > 0.3) }' ||
   fail "BEST and LAST were not fetched"
 # A site alone by DP-SGD at a given ε (the example's --dp-epsilon, through
 # the installed swarm.dp): it must spend at most that ε, and not nothing.
+# (A shard of 450 images: per-example gradients cost ~9 ms each.)
+"$MLP" shard --site-index 0 --sites 2 --partition iid --max-train-samples 1000 \
+  --out "$TMP/dp-shard.txt" >/dev/null || fail "swarm-mlp shard failed"
 (cd / && OMP_NUM_THREADS=1 "$TMP/venv/bin/python" "$TMP/train.py" --baseline \
-   --shard "$TMP/trial/sites/site-1/shard.txt" --epochs 1 --dp-epsilon 2 \
+   --shard "$TMP/dp-shard.txt" --epochs 1 --dp-epsilon 2 \
    >"$TMP/dp.out" 2>&1) || fail "train.py --baseline --dp-epsilon 2 failed: $(tail -5 "$TMP/dp.out")"
 spent=$(sed -n 's/^dp_epsilon=\([0-9.]*\) .*/\1/p' "$TMP/dp.out")
 awk -v e="${spent:-0}" 'BEGIN { exit !(e > 0.5 && e <= 2.0) }' ||
