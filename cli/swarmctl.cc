@@ -545,8 +545,10 @@ int CheckJobStates(const Args& args, const v1::JobConfig& job,
   for (const SiteProbe& probe : probes) {
     const v1::SiteStatus& s = probe.reply.status();
     if (s.job_id() != job.job_id()) {
+      // Started and not ended: IDLE is a running job between two tasks
+      // (only CONFIGURED has not started, and is configured anew).
       if (!s.job_id().empty() && !IsTerminal(s.state()) &&
-          s.state() != v1::SITE_STATE_IDLE) {
+          s.state() != v1::SITE_STATE_CONFIGURED) {
         busy.push_back(absl::StrCat(SiteLabel(probe.site), " runs job ",
                                     s.job_id(), " (", StateName(s.state()),
                                     ", round ", s.round(), ")"));
