@@ -66,8 +66,8 @@ bool IsServerOptimizerTensor(absl::string_view name);
 // Returns `stateful` itself when it has no state.
 std::shared_ptr<const Model> TrainableView(
     std::shared_ptr<const Model> stateful);
-// The same for a model held by reference. REQUIRES: `stateful` outlives
-// nothing: the view shares its storage, so it may outlive `stateful`.
+// The same for a model held by reference (always a new view). The view
+// shares `stateful`'s storage, so it may outlive `stateful`.
 Model TrainableViewOf(const Model& stateful);
 
 // Bytes of state `kind` adds to a model of this layout (the step counter
