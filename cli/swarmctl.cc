@@ -490,6 +490,10 @@ int CheckReachableAndCompatible(const v1::JobConfig& job,
   std::vector<std::string> down;
   bool mixed = false;
   std::string versions;
+  // Sites too old for the job's features (same major, a lower minor): a
+  // 1.2 site ignores server_optimizer (it would aggregate without it and
+  // refuse a learn task carrying the optimizer's state mid-job).
+  std::vector<std::string> too_old;
   for (const SiteProbe& probe : probes) {
     // A peer without the Status call (not a swarm-client) answers
     // UNIMPLEMENTED: it is there; it sent no version (1.0).
@@ -505,6 +509,13 @@ int CheckReachableAndCompatible(const v1::JobConfig& job,
     const v1::ProtocolVersion version =
         PeerProtocolVersion(probe.reply.protocol(), probe.reply.has_protocol());
     mixed |= !CheckProtocolCompatible(version, "").ok();
+    if (job.server_optimizer() != v1::SERVER_OPTIMIZER_NONE &&
+        version.major_version() == kWireProtocolMajor &&
+        version.minor_version() < 3) {
+      too_old.push_back(absl::StrCat(SiteLabel(probe.site),
+                                     ": wire protocol ",
+                                     ProtocolText(version)));
+    }
     absl::StrAppend(
         &versions, "  ", SiteLabel(probe.site), ": wire protocol ",
         ProtocolText(version),
@@ -530,6 +541,17 @@ int CheckReachableAndCompatible(const v1::JobConfig& job,
         "\"Compatibility\")\n",
         job.job_id().c_str(), versions.c_str(),
         ProtocolText(OwnProtocolVersion()).c_str(), BuildText().c_str());
+    return 1;
+  }
+  if (!too_old.empty()) {
+    Complain(
+        "swarmctl: did not start job %s: server_optimizer %s needs wire "
+        "protocol 1.3 or later at every site (nothing was changed on any "
+        "site); these sites are older:\n  %s\nupgrade them, or run the job "
+        "without server_optimizer\n",
+        job.job_id().c_str(),
+        v1::ServerOptimizer_Name(job.server_optimizer()).c_str(),
+        absl::StrJoin(too_old, "\n  ").c_str());
     return 1;
   }
   return 0;

@@ -27,7 +27,10 @@ namespace swarm {
 inline constexpr uint32_t kWireProtocolMajor = 1;
 // 1.2: ModelHeader.privacy_spent and trainer_stopped, ShareBestRequest's
 // end reason and privacy spend (the privacy spend in the finals).
-inline constexpr uint32_t kWireProtocolMinor = 2;
+// 1.3: JobConfig.server_optimizer and its parameters; a learn task's model
+// may carry the optimizer's state ("swarm.server_optimizer.*" tensors).
+// swarmctl start refuses a server_optimizer job with a site below 1.3.
+inline constexpr uint32_t kWireProtocolMinor = 3;
 
 // "0.9.0".
 const char* ReleaseVersion();

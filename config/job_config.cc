@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -396,6 +397,49 @@ void CheckAggregationAndTransfer(const v1::JobConfig& c,
   }
 }
 
+// The server optimizer and its parameters (proto fields 71-75).
+void CheckServerOptimizer(const v1::JobConfig& c,
+                          std::vector<std::string>* errors) {
+  if (!v1::ServerOptimizer_IsValid(c.server_optimizer())) {
+    errors->push_back(absl::StrFormat("server_optimizer: unknown value %d",
+                                      c.server_optimizer()));
+    return;
+  }
+  const bool none = c.server_optimizer() == v1::SERVER_OPTIMIZER_NONE;
+  const bool adaptive = c.server_optimizer() == v1::SERVER_OPTIMIZER_ADAM ||
+                        c.server_optimizer() == v1::SERVER_OPTIMIZER_YOGI;
+  struct Field {
+    const char* name;
+    bool set;
+    double value;
+    bool used;  // By the job's optimizer.
+  };
+  const Field fields[] = {
+      {"server_learning_rate", c.has_server_learning_rate(),
+       c.server_learning_rate(), !none},
+      {"server_beta1", c.has_server_beta1(), c.server_beta1(), !none},
+      {"server_beta2", c.has_server_beta2(), c.server_beta2(), adaptive},
+      {"server_epsilon", c.has_server_epsilon(), c.server_epsilon(), adaptive},
+  };
+  for (const Field& field : fields) {
+    if (!field.set) continue;
+    if (!field.used) {
+      errors->push_back(absl::StrFormat(
+          "%s: set, but server_optimizer %s does not use it", field.name,
+          v1::ServerOptimizer_Name(c.server_optimizer())));
+      continue;
+    }
+    const bool is_beta = absl::StartsWith(field.name, "server_beta");
+    if (!std::isfinite(field.value) ||
+        (is_beta ? !(field.value >= 0 && field.value < 1)
+                 : !(field.value > 0))) {
+      errors->push_back(absl::StrFormat("%s: %g is not %s", field.name,
+                                        field.value,
+                                        is_beta ? "in [0, 1)" : "> 0"));
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateJobConfig(const v1::JobConfig& config) {
@@ -408,6 +452,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config) {
   CheckAggregationAndTransfer(c, &errors);
   CheckRobustness(c, &errors);
   CheckRobustParameters(c, &errors);
+  CheckServerOptimizer(c, &errors);
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("invalid job config: ", absl::StrJoin(errors, "; ")));

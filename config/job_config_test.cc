@@ -692,7 +692,6 @@ TEST(JobConfigHelpersTest, Millis) {
   EXPECT_EQ(Millis(std::numeric_limits<uint64_t>::max()),
             absl::InfiniteDuration());
 }
-
 }  // namespace
 }  // namespace swarm
 
@@ -815,6 +814,39 @@ TEST(ValidateJobConfigTest, CapAndEqualWeightsNotInChains) {
   EXPECT_THAT(ErrorOf(config),
               HasSubstr("reduce_results_in_chain: not with "
                         "max_claimed_samples or equal_weights"));
+}
+
+TEST(ValidateJobConfigTest, ServerOptimizerParameters) {
+  v1::JobConfig config = EightSites();
+  config.set_server_beta1(0.5);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("server_beta1: set, but "
+                                         "server_optimizer "
+                                         "SERVER_OPTIMIZER_NONE does not "
+                                         "use it"));
+  config.set_server_optimizer(v1::SERVER_OPTIMIZER_MOMENTUM);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_server_beta2(0.99);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("server_beta2: set, but "
+                                         "server_optimizer "
+                                         "SERVER_OPTIMIZER_MOMENTUM"));
+  config.set_server_optimizer(v1::SERVER_OPTIMIZER_ADAM);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_server_beta1(1.0);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("server_beta1: 1 is not in [0, 1)"));
+  config.set_server_beta1(0.9);
+  config.set_server_learning_rate(0);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("server_learning_rate: 0 is not > 0"));
+  config.set_server_learning_rate(std::nan(""));
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("server_learning_rate: nan is not > 0"));
+  config.set_server_learning_rate(0.03);
+  config.set_server_epsilon(-1e-3);
+  EXPECT_THAT(ErrorOf(config), HasSubstr("server_epsilon: -0.001 is not > 0"));
+  config.set_server_epsilon(1e-3);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_server_optimizer(static_cast<v1::ServerOptimizer>(9));
+  EXPECT_THAT(ErrorOf(config), HasSubstr("server_optimizer: unknown value 9"));
 }
 
 }  // namespace

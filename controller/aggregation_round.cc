@@ -66,21 +66,30 @@ absl::StatusOr<std::unique_ptr<AggregationRound>> AggregationRound::Open(
   aggregator_options.make_offload_dir = false;
   aggregator_options.bucket_seed =
       config.seed() ^ (uint64_t{learn_task.round()} * 0x9e3779b97f4a7c15ull);
+  // Results carry the trainable tensors only; the optimizer's state stays
+  // with the base until Aggregate() steps it.
   absl::StatusOr<std::unique_ptr<Aggregator>> aggregator =
-      Aggregator::Create(std::move(aggregator_options), base);
+      Aggregator::Create(std::move(aggregator_options), TrainableView(base));
   if (!aggregator.ok()) return aggregator.status();
   return std::unique_ptr<AggregationRound>(new AggregationRound(
       std::move(options), MetricComparator(config.metric_direction()),
-      std::move(base), std::move(*aggregator)));
+      std::move(base), std::move(*aggregator),
+      ServerOptimizerOptions::FromJobConfig(config),
+      config.disk_offload() ? offload_dir : std::string()));
 }
 
 AggregationRound::AggregationRound(GathererOptions options,
                                    MetricComparator comparator,
                                    std::shared_ptr<const Model> base,
-                                   std::unique_ptr<Aggregator> aggregator)
+                                   std::unique_ptr<Aggregator> aggregator,
+                                   ServerOptimizerOptions optimizer,
+                                   std::string scratch_dir)
     : gatherer_(std::move(options), comparator),
       base_(std::move(base)),
-      aggregator_(std::move(aggregator)) {}
+      trainable_(TrainableView(base_)),
+      aggregator_(std::move(aggregator)),
+      optimizer_(optimizer),
+      scratch_dir_(std::move(scratch_dir)) {}
 
 RoundCounters AggregationRound::counters() const {
   const GathererCounters& gathered = gatherer_.counters();
@@ -351,6 +360,17 @@ absl::StatusOr<std::shared_ptr<const Model>> AggregationRound::Aggregate() {
   if (aggregator_->num_added() == 0) return base_;
   absl::StatusOr<Model> aggregated = aggregator_->Finish();
   if (!aggregated.ok()) return aggregated.status();
+  if (optimizer_.kind != v1::SERVER_OPTIMIZER_NONE) {
+    absl::StatusOr<Model> stepped =
+        ApplyServerOptimizer(optimizer_, *base_, *aggregated, scratch_dir_);
+    if (!stepped.ok()) {
+      return absl::Status(stepped.status().code(),
+                          absl::StrCat("server optimizer ",
+                                       ServerOptimizerName(optimizer_.kind),
+                                       ": ", stepped.status().message()));
+    }
+    return std::make_shared<const Model>(std::move(*stepped));
+  }
   return std::make_shared<const Model>(std::move(*aggregated));
 }
 

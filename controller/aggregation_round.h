@@ -36,6 +36,7 @@
 #include "controller/job_view.h"
 #include "gatherer/aggregator.h"
 #include "gatherer/gatherer.h"
+#include "gatherer/server_optimizer.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
 #include "proto/swarm.pb.h"
@@ -80,7 +81,10 @@ class AggregationRound {
   AggregationRound& operator=(const AggregationRound&) = delete;
 
   uint32_t round() const { return gatherer_.round(); }
-  const Model& base() const { return *base_; }
+  // The round's global model as trainers train it: without the server
+  // optimizer's state (results are laid out like it; its digest is the one
+  // BEST records).
+  const Model& base() const { return *trainable_; }
   bool closed() const { return gatherer_.closed(); }
   // When to call Check() without a new event (InfiniteFuture: never).
   absl::Time NextDeadline() const { return gatherer_.NextDeadline(); }
@@ -182,13 +186,17 @@ class AggregationRound {
   };
   Verdict Judge() const;
 
-  // The next global model: the aggregate, or the base when no result
-  // arrived. REQUIRES: closed(); call once. Costly (a pass over every result
+  // The next global model: the aggregate, stepped by the job's server
+  // optimizer when it has one (its state after the model's tensors), or the
+  // base (state included) when no result arrived. REQUIRES: closed(); call once. Costly (a pass over every result
   // for the coordinate methods): the caller runs it outside its lock, once
   // it has taken the round out of its shared state.
   absl::StatusOr<std::shared_ptr<const Model>> Aggregate();
 
+  // The base as the learn task carried it (optimizer state included).
   std::shared_ptr<const Model> shared_base() const { return base_; }
+  // base(), shared: what BEST keeps when the base is the new best.
+  std::shared_ptr<const Model> shared_trainable() const { return trainable_; }
   // Slots from the gatherer, results from this round.
   RoundCounters counters() const;
 
@@ -202,10 +210,15 @@ class AggregationRound {
 
   AggregationRound(GathererOptions options, MetricComparator comparator,
                    std::shared_ptr<const Model> base,
-                   std::unique_ptr<Aggregator> aggregator);
+                   std::unique_ptr<Aggregator> aggregator,
+                   ServerOptimizerOptions optimizer, std::string scratch_dir);
 
   Gatherer gatherer_;
   std::shared_ptr<const Model> base_;
+  std::shared_ptr<const Model> trainable_;  // TrainableView(base_).
+  ServerOptimizerOptions optimizer_;
+  // Where the stepped model goes when results go to disk ("" = memory).
+  std::string scratch_dir_;
   // Shared with the AddJobs handed out (which may outlive the round).
   std::shared_ptr<Aggregator> aggregator_;
   int pending_adds_ = 0;

@@ -23,8 +23,10 @@ constexpr uint32_t kRound = 2;
 constexpr uint64_t kElements = 16;
 const absl::Time kOpen = absl::FromUnixSeconds(1000);
 
-JobView MakeJob(uint32_t max_concurrent) {
+JobView MakeJob(uint32_t max_concurrent,
+               v1::ServerOptimizer optimizer = v1::SERVER_OPTIMIZER_NONE) {
   v1::JobConfig job;
+  job.set_server_optimizer(optimizer);
   job.set_job_id("round-job");
   for (const char* name : {"agg", "t1", "t2"}) {
     v1::SiteInfo* site = job.add_sites();
@@ -64,8 +66,10 @@ float First(const Model& model) {
 
 class AggregationRoundTest : public ::testing::Test {
  protected:
-  void Open(uint32_t max_concurrent, double best_metric = -1) {
-    job_ = std::make_unique<JobView>(MakeJob(max_concurrent));
+  void Open(uint32_t max_concurrent, double best_metric = -1,
+            std::shared_ptr<const Model> base = FilledModel(1.0f),
+            v1::ServerOptimizer optimizer = v1::SERVER_OPTIMIZER_NONE) {
+    job_ = std::make_unique<JobView>(MakeJob(max_concurrent, optimizer));
     v1::ModelHeader task;
     task.set_round(kRound);
     task.add_expected_trainers("t1");
@@ -77,8 +81,7 @@ class AggregationRoundTest : public ::testing::Test {
       task.mutable_best()->set_round(0);
     }
     absl::StatusOr<std::unique_ptr<AggregationRound>> round =
-        AggregationRound::Open(*job_, "agg", task, FilledModel(1.0f), "",
-                               kOpen);
+        AggregationRound::Open(*job_, "agg", task, std::move(base), "", kOpen);
     ASSERT_TRUE(round.ok()) << round.status();
     round_ = std::move(*round);
   }
@@ -382,6 +385,55 @@ TEST_F(AggregationRoundTest, SampleCountCapClipsAndCounts) {
   v1::SiteCounters counters;
   round_->counters().CopyTo(&counters);
   EXPECT_EQ(counters.sample_claims_clipped(), 1u);
+}
+
+// Server momentum (beta1 0.5, lr 1): the round's aggregate is the base
+// stepped by the momentum of the mean's update, and the momentum travels in
+// the next global model as state tensors that results never carry. Two
+// rounds: the second starts from the first's output, state included.
+TEST_F(AggregationRoundTest, ServerMomentumStepsAndCarriesItsState) {
+  Open(/*max_concurrent=*/2, -1, FilledModel(1.0f),
+       v1::SERVER_OPTIMIZER_MOMENTUM);
+  Submit(Result("t1", 1, 0.5), FilledModel(2.0f), kOpen);
+  Submit(Result("t2", 3, 0.5), FilledModel(6.0f), kOpen);
+  ASSERT_TRUE(round_->closed());
+  absl::StatusOr<std::shared_ptr<const Model>> first = round_->Aggregate();
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Mean 5, update 4: m = 4, x = 1 + 4.
+  EXPECT_FLOAT_EQ(First(**first), 5.0f);
+  ASSERT_EQ((*first)->num_tensors(), 3u);
+  EXPECT_EQ((*first)->spec(1).name, "swarm.server_optimizer.m/w");
+  EXPECT_EQ((*first)->spec(2).name, "swarm.server_optimizer.step");
+
+  Open(/*max_concurrent=*/2, -1, *first, v1::SERVER_OPTIMIZER_MOMENTUM);
+  // Trainers see and send the model's tensors only.
+  EXPECT_EQ(round_->base().num_tensors(), 1u);
+  EXPECT_EQ(round_->shared_base()->num_tensors(), 3u);
+  Submit(Result("t1", 1, 0.5), FilledModel(7.0f), kOpen);
+  Submit(Result("t2", 1, 0.5), FilledModel(7.0f), kOpen);
+  absl::StatusOr<std::shared_ptr<const Model>> second = round_->Aggregate();
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Update 2: m = 0.5 * 4 + 2 = 4, x = 5 + 4.
+  EXPECT_FLOAT_EQ(First(**second), 9.0f);
+  float m;
+  std::memcpy(&m, (*second)->tensor_data(1).data(), sizeof(m));
+  EXPECT_FLOAT_EQ(m, 4.0f);
+}
+
+// A round no result reached carries its base over, state included.
+TEST_F(AggregationRoundTest, ServerOptimizerStateCarriesOverAnEmptyRound) {
+  Open(/*max_concurrent=*/2, -1, FilledModel(1.0f),
+       v1::SERVER_OPTIMIZER_MOMENTUM);
+  Submit(Result("t1", 1, 0.5), FilledModel(3.0f), kOpen);
+  Submit(Result("t2", 1, 0.5), FilledModel(3.0f), kOpen);
+  absl::StatusOr<std::shared_ptr<const Model>> first = round_->Aggregate();
+  ASSERT_TRUE(first.ok()) << first.status();
+  Open(/*max_concurrent=*/2, -1, *first, v1::SERVER_OPTIMIZER_MOMENTUM);
+  round_->Check(kOpen + absl::Hours(1));  // The round times out empty.
+  ASSERT_TRUE(round_->closed());
+  absl::StatusOr<std::shared_ptr<const Model>> carried = round_->Aggregate();
+  ASSERT_TRUE(carried.ok()) << carried.status();
+  EXPECT_EQ(carried->get(), first->get());
 }
 
 }  // namespace

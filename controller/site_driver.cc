@@ -15,6 +15,7 @@
 #include "config/job_config.h"
 #include "controller/admission.h"
 #include "controller/replies.h"
+#include "gatherer/server_optimizer.h"
 #include "model/model.h"
 #include "model/weight_diff.h"
 
@@ -499,7 +500,10 @@ void SiteDriver::StartTraining(effect::StartTraining& start) {
     if (training_cancel_ != nullptr) *training_cancel_ = true;
     training_cancel_ = cancel;
   }
-  runner_->Post([this, cancel, round = start.round, global = start.global,
+  // The learner sees the model's tensors, never the server optimizer's
+  // state the learn task carries (a view: no copy).
+  runner_->Post([this, cancel, round = start.round,
+                 global = TrainableView(start.global),
                  diff = start.weight_diff, job_run = start.job_run] {
     event::TrainingDone done;
     done.round = round;

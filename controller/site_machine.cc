@@ -4,6 +4,7 @@
 // site_machine_aggregator.cc (the rounds this site gathers) and
 // site_machine_finale.cc (BEST and LAST).
 #include "controller/site_machine.h"
+#include "gatherer/server_optimizer.h"
 
 #include <algorithm>
 #include <utility>
@@ -552,7 +553,14 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     admission.assembler = AssemblerFor(header.kind());
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK &&
         run_->current_global != nullptr) {
-      admission.assembler.expected_specs = run_->current_global->specs();
+      // The optimizer's state may grow after round 0 (whose model has
+      // none): the model's tensors must match, the state may follow.
+      admission.assembler.expected_specs =
+          TrainableViewOf(*run_->current_global).specs();
+      if (run_->job->config().server_optimizer() !=
+          v1::SERVER_OPTIMIZER_NONE) {
+        admission.assembler.extra_tensor_prefix = kServerOptimizerPrefix;
+      }
     }
     uint64_t bytes = 0;
     for (const v1::TensorInfo& tensor : header.tensors()) {

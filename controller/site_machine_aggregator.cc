@@ -180,7 +180,7 @@ void SiteMachine::CloseRound(uint32_t number) {
   run_->closed_rounds.Add(round->counters());
   AggregationRound::Verdict verdict = round->Judge();
   if (verdict.base_is_new_best) {
-    run_->best_model = round->shared_base();
+    run_->best_model = round->shared_trainable();
     run_->best_model_round = number;
     // Every trainer of the round holds this model too: the digest (set when
     // the aggregation reports it) lets a BEST from any of them be checked

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "controller/replies.h"
 #include "controller/site_machine.h"
+#include "gatherer/server_optimizer.h"
 
 namespace swarm {
 
@@ -60,6 +61,8 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
                                  uint32_t round, v1::BestRecord best,
                                  Broadcast then,
                                  std::vector<std::string> targets) {
+  // The final models are the global model only: no server optimizer state.
+  model = TrainableView(std::move(model));
   v1::ModelHeader header = BaseHeader(kind, round);
   *header.mutable_best() = best;
   header.set_final_round(run_->final_round);

@@ -11,6 +11,7 @@
 #include "controller/replies.h"
 #include "controller/retry_policy.h"
 #include "controller/site_machine.h"
+#include "gatherer/server_optimizer.h"
 #include "streaming/partial_sum_sink.h"
 
 namespace swarm {
@@ -330,7 +331,7 @@ void SiteMachine::KeepBestCopy(const v1::BestRecord& best) {
     // The round this site last trained on scored best: its input is the
     // best model, kept until a better one (more than one site can then
     // give BEST at the end).
-    run_->best_model = run_->current_global;
+    run_->best_model = TrainableView(run_->current_global);
     run_->best_model_round = best.round();
     return;
   }

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -87,6 +88,10 @@ absl::Status Assembler::ValidateHeader(const v1::ModelHeader& header,
                          "\" of the round's model is missing"));
       }
       if (i >= expected.size()) {
+        if (!options_.extra_tensor_prefix.empty() &&
+            absl::StartsWith(specs_[i].name, options_.extra_tensor_prefix)) {
+          continue;
+        }
         return absl::InvalidArgumentError(absl::StrCat(
             "tensor \"", specs_[i].name, "\" is not in the round's model"));
       }

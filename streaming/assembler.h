@@ -42,6 +42,10 @@ struct AssemblerOptions {
   // When set, the header's tensor table must match these specs exactly (the
   // round's model): same order, names, dtypes and shapes.
   std::optional<std::vector<TensorSpec>> expected_specs;
+  // When not empty, tensors after the expected ones are let in when their
+  // names start with this (a server optimizer's state; its owner checks
+  // their shapes).
+  std::string extra_tensor_prefix;
   // When set, the header must be of this kind.
   std::optional<v1::ModelKind> expected_kind;
 };

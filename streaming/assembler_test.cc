@@ -334,6 +334,15 @@ TEST(AssemblerTest, ExpectedLayoutMismatchNamesTheTensor) {
   ExpectError(Feed(Frames(model), &sink2, options),
               absl::StatusCode::kInvalidArgument,
               "tensor \"empty\" is not in the round's model");
+  // Trailing tensors under the allowed prefix pass; others still do not.
+  options.extra_tensor_prefix = "emp";
+  MemorySink sink3;
+  EXPECT_TRUE(Feed(Frames(model), &sink3, options).ok());
+  options.extra_tensor_prefix = "layer";
+  MemorySink sink4;
+  ExpectError(Feed(Frames(model), &sink4, options),
+              absl::StatusCode::kInvalidArgument,
+              "tensor \"empty\" is not in the round's model");
 }
 
 class DiskSinkTest : public ::testing::Test {

@@ -1099,6 +1099,19 @@ TEST_F(NetFaults, AggregatorKilledBetweenAggregationAndScatter) {
       absl::Now() + absl::Seconds(120) * TimeScale(),
       "a fast trainer to get round 2's learn task");
   ASSERT_TRUE(waited.ok()) << waited << swarm_->Logs();
+  // The scatter does not wait for the aggregator's copy of round 1's
+  // aggregate (rounds/round-000002); killed before that write lands, no
+  // site keeps round 1's aggregate and CheckRounds cannot see what it
+  // held. The kill comes once the write is on disk: s4's copy of the model
+  // takes about 4 s, the write milliseconds, so the window stays open.
+  const std::string kept = absl::StrCat(swarm_->Workspace(aggregator), "/",
+                                        job_.job_id(),
+                                        "/rounds/round-000002.safetensors");
+  const absl::Time kept_by = absl::Now() + absl::Seconds(10) * TimeScale();
+  while (!FileExists(kept) && absl::Now() < kept_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(FileExists(kept)) << "round 1's aggregator never wrote " << kept;
   absl::StatusOr<v1::SiteStatus> slow =
       swarm_->Status(kBystander, job_.job_id(), absl::Seconds(2));
   swarm_->Kill(aggregator);
