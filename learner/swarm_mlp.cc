@@ -25,7 +25,7 @@
 // defaults are the learner's): --data-dir --sites --partition iid|dirichlet
 // --alpha --data-seed --validation-fraction --max-train-samples --hidden
 // --lr --lr-decay --momentum --balanced-softmax --batch-size --epochs
-// --seed; DP-SGD: --dp-noise-multiplier or --dp-target-epsilon with
+// --seed --prox-mu (FedProx; simulate); DP-SGD: --dp-noise-multiplier or --dp-target-epsilon with
 // --dp-rounds, --dp-delta --dp-clip-norm --dp-sampling-rate.
 //
 // Output: progress lines on stderr; results on stdout as one line of
@@ -75,6 +75,7 @@ constexpr char kUsage[] =
     "learner flags: --data-dir --partition iid|dirichlet --alpha --data-seed\n"
     "  --validation-fraction --max-train-samples --hidden --lr --lr-decay\n"
     "  --momentum --balanced-softmax true|false --batch-size --epochs --seed\n"
+    "  --prox-mu (FedProx's mu, for simulate)\n"
     "--site-index all is --central: all the training data, nothing held out.\n";
 
 // Flags that are learner params.
@@ -94,6 +95,7 @@ constexpr const char* kLearnerFlags[] = {
     "batch-size",
     "epochs",
     "seed",
+    "prox-mu",
     "dp-noise-multiplier",
     "dp-target-epsilon",
     "dp-rounds",
