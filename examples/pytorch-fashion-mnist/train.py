@@ -83,7 +83,9 @@ def read_safetensors(path):
         data = f.read()
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
+        # A round's global model under a server optimizer also carries the
+        # optimizer's state: not the CNN's.
+        if name == "__metadata__" or name.startswith("swarm.server_optimizer."):
             continue
         if info["dtype"] != "F32":
             raise ValueError(f"{path}: tensor {name!r} is {info['dtype']}")
