@@ -4,9 +4,10 @@
 // (issue 35; docs/server-optimizers.md "Quality").
 //
 //   quality_bench [--sites 4,8] [--alphas 0.1,0.5] [--seeds 1-5]
-//                 [--methods fedavg,fedavgm,fedadam,fedprox,fedprox+fedadam]
+//                 [--methods fedavg,fedavgm:beta1=0.5,fedadam,fedprox,
+//                            fedprox+fedavgm:beta1=0.5]
 //                 [--rounds 20] [--epochs 1] [--lr 0.05]
-//                 [--momentum-lr 1] [--adam-lr 0.01] [--yogi-lr 0.01]
+//                 [--momentum-lr 1] [--adam-lr 0.03] [--yogi-lr 0.03]
 //                 [--beta1 0.9] [--beta2 0.99] [--epsilon 0.001]
 //                 [--prox-mu 0.01] [--jobs 2] [--no-central]
 //                 [--max-train-samples 0] [--data-dir DIR] [--csv FILE]
@@ -42,6 +43,9 @@
 // fedprox+fedadam, fedprox+fedyogi. A method may carry its own settings
 // after colons, overriding the flags: lr=, beta1=, beta2=, eps=, mu=, e.g.
 // "fedadam:lr=0.03:beta2=0.999" or "fedprox:mu=0.1" (for tuning grids).
+// The default methods and server settings are the ones tuned at alpha 0.1
+// (docs/server-optimizers.md "Quality"): momentum lr 1 with beta1 0.5, Adam
+// lr 0.03, mu 0.01.
 //
 // Output: one progress line per job on stderr; on stdout, the table of the
 // best model's test accuracy per (sites, alpha, method) over the seeds:
@@ -79,9 +83,10 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: quality_bench [--sites 4,8] [--alphas 0.1,0.5] [--seeds 1-5]\n"
-    "  [--methods fedavg,fedavgm,fedadam,fedprox,fedprox+fedadam]\n"
+    "  [--methods fedavg,fedavgm:beta1=0.5,fedadam,fedprox,\n"
+    "             fedprox+fedavgm:beta1=0.5]\n"
     "  [--rounds 20] [--epochs 1] [--lr 0.05]\n"
-    "  [--momentum-lr 1] [--adam-lr 0.01] [--yogi-lr 0.01] [--beta1 0.9]\n"
+    "  [--momentum-lr 1] [--adam-lr 0.03] [--yogi-lr 0.03] [--beta1 0.9]\n"
     "  [--beta2 0.99] [--epsilon 0.001] [--prox-mu 0.01] [--jobs 2]\n"
     "  [--no-central] [--max-train-samples 0] [--data-dir DIR] [--csv FILE]\n"
     "methods: fedavg fedavgm fedadam fedyogi fedprox fedprox+fedavgm\n"
@@ -92,13 +97,14 @@ struct Flags {
   std::vector<uint32_t> sites = {4, 8};
   std::vector<double> alphas = {0.1, 0.5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
-  std::string methods = "fedavg,fedavgm,fedadam,fedprox,fedprox+fedadam";
+  std::string methods =
+      "fedavg,fedavgm:beta1=0.5,fedadam,fedprox,fedprox+fedavgm:beta1=0.5";
   uint32_t rounds = 20;
   uint32_t epochs = 1;
   std::string lr = "0.05";
   double momentum_lr = 1.0;
-  double adam_lr = 0.01;
-  double yogi_lr = 0.01;
+  double adam_lr = 0.03;
+  double yogi_lr = 0.03;
   double beta1 = 0.9;
   double beta2 = 0.99;
   double epsilon = 1e-3;
