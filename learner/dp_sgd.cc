@@ -101,10 +101,14 @@ uint64_t ClipScales(const std::vector<MlpLayer>& layers, float clip,
   return clipped;
 }
 
-// The noisy clipped sum over q n, then a momentum step at rate `lr`.
+// The noisy clipped sum over q n, plus FedProx's proximal gradient when
+// sgd.prox_mu > 0 (after the noise: it does not depend on the data), then a
+// momentum step at rate `lr`.
 void NoisyStep(std::vector<MlpLayer>& layers, const DpSgdOptions& dp,
-               double expected_batch, float momentum, float lr,
+               double expected_batch, const SgdOptions& sgd, float lr,
                std::mt19937_64& rng, DpBatch& b) {
+  const float momentum = sgd.momentum;
+  const bool prox = sgd.prox_mu > 0 && sgd.prox_anchor != nullptr;
   std::normal_distribution<float> noise(
       0.0f, static_cast<float>(dp.noise_multiplier * dp.clip_norm));
   const float inv = static_cast<float>(1.0 / expected_batch);
@@ -124,6 +128,11 @@ void NoisyStep(std::vector<MlpLayer>& layers, const DpSgdOptions& dp,
     }
     for (Eigen::Index k = 0; k < g.bias.size(); ++k) {
       g.bias(k) = (g.bias(k) + noise(rng)) * inv;
+    }
+    if (prox) {
+      const MlpLayer& anchor = (*sgd.prox_anchor)[i];
+      g.weight += sgd.prox_mu * (layers[i].weight - anchor.weight);
+      g.bias += sgd.prox_mu * (layers[i].bias - anchor.bias);
     }
     MlpLayer& v = b.velocity[i];
     v.weight = momentum * v.weight + g.weight;
@@ -173,6 +182,9 @@ absl::StatusOr<DpSgdReport> TrainDpSgd(Mlp& net, const ImageDataset& data,
         "DP-SGD cannot use the balanced softmax (its class priors are not "
         "private); set balanced_softmax to false");
   }
+  if (absl::Status prox = CheckProximalTerm(net, sgd); !prox.ok()) {
+    return prox;
+  }
   if (data.pixels_per_image != net.sizes().front()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the data has %d inputs per example but the network takes %d",
@@ -219,7 +231,7 @@ absl::StatusOr<DpSgdReport> TrainDpSgd(Mlp& net, const ImageDataset& data,
       clipped += ClipScales(layers, dp.clip_norm, b);
     }
     report.examples += static_cast<uint64_t>(b.a[0].rows());
-    NoisyStep(layers, dp, expected_batch, sgd.momentum, lr, rng, b);
+    NoisyStep(layers, dp, expected_batch, sgd, lr, rng, b);
   }
   report.steps = dp.steps;
   if (report.examples > 0) {

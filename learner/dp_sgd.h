@@ -61,8 +61,13 @@ absl::Status ValidateDpSgdOptions(const DpSgdOptions& dp);
 
 // Trains `net` with DP-SGD on data[indices] (all of `data` when empty).
 // From `sgd`: learning_rate, lr_decay and first_epoch (step s uses the rate
-// of epoch floor(s q)), momentum; batch_size, epochs and shuffle_seed are
-// not used. balanced_softmax must be false. Checks `cancel` (may be null)
+// of epoch floor(s q)), momentum, and FedProx's prox_mu and prox_anchor:
+// the proximal gradient mu (w - w_anchor) is added to the step's noisy
+// clipped mean gradient, after the clipping and the noise. It depends on
+// no training example (only on the current weights and the global model
+// every site was sent), so it is not clipped, needs no noise and costs no
+// privacy: the accountant's (q, sigma, steps) are unchanged. batch_size,
+// epochs and shuffle_seed are not used. balanced_softmax must be false. Checks `cancel` (may be null)
 // between steps: Cancelled. A non-finite loss is FailedPrecondition.
 absl::StatusOr<DpSgdReport> TrainDpSgd(Mlp& net, const ImageDataset& data,
                                        absl::Span<const uint32_t> indices,

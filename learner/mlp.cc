@@ -151,6 +151,15 @@ absl::Status CheckData(const Mlp& net, const ImageDataset& data,
 
 }  // namespace
 
+void AddProximalGradient(const std::vector<MlpLayer>& layers,
+                         const std::vector<MlpLayer>& anchor, float mu,
+                         std::vector<MlpLayer>& grads) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    grads[i].weight += mu * (layers[i].weight - anchor[i].weight);
+    grads[i].bias += mu * (layers[i].bias - anchor[i].bias);
+  }
+}
+
 std::string MlpWeightName(size_t layer) {
   return absl::StrCat("fc", layer, ".weight");
 }
@@ -378,6 +387,37 @@ absl::Status CheckSgdOptions(const SgdOptions& options) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status CheckProximalTerm(const Mlp& net, const SgdOptions& options) {
+  if (!(options.prox_mu >= 0) || !std::isfinite(options.prox_mu)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the proximal term's mu must be finite and >= 0 (got %g)",
+        options.prox_mu));
+  }
+  if (options.prox_mu == 0) return absl::OkStatus();
+  const std::vector<MlpLayer>* anchor = options.prox_anchor;
+  if (anchor == nullptr) {
+    return absl::InvalidArgumentError(
+        "the proximal term (mu > 0) needs the global model as its anchor");
+  }
+  bool same = anchor->size() == net.layers().size();
+  for (size_t i = 0; same && i < anchor->size(); ++i) {
+    const MlpLayer& a = (*anchor)[i];
+    const MlpLayer& w = net.layers()[i];
+    same = a.weight.rows() == w.weight.rows() &&
+           a.weight.cols() == w.weight.cols() && a.bias.size() == w.bias.size();
+  }
+  if (!same) {
+    return absl::InvalidArgumentError(
+        "the proximal term's anchor is not a network of the trained one's "
+        "sizes");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // The examples to train on: `indices`, or all `num_examples` when empty.
 std::vector<uint32_t> TrainingOrder(size_t num_examples,
                                     absl::Span<const uint32_t> indices) {
@@ -422,10 +462,16 @@ float EpochLearningRate(const SgdOptions& options, uint32_t epoch) {
 // across batches. The velocity starts at zero.
 class MomentumSgd {
  public:
-  // `offsets` (empty for none) shift the training logits.
+  // `offsets` (empty for none) shift the training logits; `prox_anchor`
+  // (null for none) is FedProx's anchor with weight `prox_mu`.
   MomentumSgd(std::vector<MlpLayer>& layers, float momentum,
-              Eigen::VectorXf offsets)
-      : layers_(layers), mu_(momentum), offsets_(std::move(offsets)) {
+              Eigen::VectorXf offsets, float prox_mu,
+              const std::vector<MlpLayer>* prox_anchor)
+      : layers_(layers),
+        mu_(momentum),
+        offsets_(std::move(offsets)),
+        prox_mu_(prox_mu),
+        prox_anchor_(prox_mu > 0 ? prox_anchor : nullptr) {
     velocity_.resize(layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) {
       velocity_[i].weight =
@@ -447,6 +493,9 @@ class MomentumSgd {
   // Backpropagates the last BatchLoss and steps with learning rate `lr`.
   void Update(float lr) {
     Backward(layers_, x_, labels_, ws_, grads_);
+    if (prox_anchor_ != nullptr) {
+      AddProximalGradient(layers_, *prox_anchor_, prox_mu_, grads_);
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
       velocity_[i].weight = mu_ * velocity_[i].weight + grads_[i].weight;
       velocity_[i].bias = mu_ * velocity_[i].bias + grads_[i].bias;
@@ -459,6 +508,8 @@ class MomentumSgd {
   std::vector<MlpLayer>& layers_;
   const float mu_;
   const Eigen::VectorXf offsets_;
+  const float prox_mu_;
+  const std::vector<MlpLayer>* const prox_anchor_;
   std::vector<MlpLayer> velocity_;
   std::vector<MlpLayer> grads_;
   Workspace ws_;
@@ -500,6 +551,7 @@ absl::Status TrainSgd(Mlp& net, const ImageDataset& data,
                       const std::atomic<bool>* cancel,
                       const std::function<void(const EpochReport&)>& on_epoch) {
   SWARM_RETURN_IF_ERROR(CheckSgdOptions(options));
+  SWARM_RETURN_IF_ERROR(CheckProximalTerm(net, options));
   SWARM_RETURN_IF_ERROR(CheckData(net, data, indices));
   std::vector<uint32_t> order = TrainingOrder(data.size(), indices);
   if (order.empty()) {
@@ -509,7 +561,8 @@ absl::Status TrainSgd(Mlp& net, const ImageDataset& data,
   if (options.balanced_softmax) {
     offsets = LogClassPriors(data, order, net.sizes().back());
   }
-  MomentumSgd sgd(net.mutable_layers(), options.momentum, std::move(offsets));
+  MomentumSgd sgd(net.mutable_layers(), options.momentum, std::move(offsets),
+                  options.prox_mu, options.prox_anchor);
   for (uint32_t epoch = 1; epoch <= options.epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     const float lr = EpochLearningRate(options, epoch);

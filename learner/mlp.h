@@ -109,7 +109,28 @@ struct SgdOptions {
   bool balanced_softmax = false;
   // Seeds the minibatch order (a fresh shuffle per epoch).
   uint64_t shuffle_seed = 0;
+  // FedProx (Li et al. 2020): with prox_mu > 0, every step adds
+  // prox_mu * (w - w_anchor) to the gradient of every weight and bias w,
+  // where w_anchor is the same parameter in *prox_anchor (the round's global
+  // model the training started from; same sizes as the network), i.e. it
+  // minimises loss + prox_mu / 2 * |w - w_anchor|^2. The term enters before
+  // the momentum, like the loss gradient. 0 (the default): plain SGD, bit for
+  // bit the same as without these fields. prox_mu must be finite and >= 0;
+  // prox_anchor is required when prox_mu > 0 and must outlive training.
+  float prox_mu = 0.0f;
+  const std::vector<MlpLayer>* prox_anchor = nullptr;
 };
+
+// FedProx's proximal gradient: grads[i] += mu * (layers[i] - anchor[i]) for
+// every weight and bias (same sizes everywhere). Used by TrainSgd and, after
+// the clipping and the noise, by DP-SGD (dp_sgd.h).
+void AddProximalGradient(const std::vector<MlpLayer>& layers,
+                         const std::vector<MlpLayer>& anchor, float mu,
+                         std::vector<MlpLayer>& grads);
+
+// OK when options.prox_mu is 0, or > 0 and finite with an anchor of `net`'s
+// layer shapes; InvalidArgument otherwise.
+absl::Status CheckProximalTerm(const Mlp& net, const SgdOptions& options);
 
 struct EpochReport {
   uint32_t epoch = 0;  // 1-based.

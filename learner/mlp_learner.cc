@@ -38,6 +38,7 @@ constexpr const char* kKnownKeys[] = {
     "batch_size",
     "epochs",
     "seed",
+    "prox_mu",
     "dp_noise_multiplier",
     "dp_target_epsilon",
     "dp_rounds",
@@ -154,7 +155,7 @@ absl::Status ParseSplitOptions(absl::string_view site,
 }
 
 // The network and its training: hidden, lr, lr_decay, momentum,
-// balanced_softmax, batch_size, epochs and seed.
+// balanced_softmax, batch_size, epochs, seed and prox_mu.
 absl::Status ParseTrainingOptions(
     absl::string_view site, const std::map<std::string, std::string>& params,
     MlpLearnerOptions& o) {
@@ -189,6 +190,19 @@ absl::Status ParseTrainingOptions(
   if (auto p = Lookup(params, "seed", site)) {
     SWARM_ASSIGN_OR_RETURN(
         o.seed, ParseUintParam(*p, 0, std::numeric_limits<uint64_t>::max()));
+  }
+  if (auto p = Lookup(params, "prox_mu", site)) {
+    double value;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(p->value), &value) ||
+        !std::isfinite(value) ||
+        !std::isfinite(static_cast<float>(value))) {
+      return BadParam(*p,
+                      "is not a finite number (FedProx's mu: >= 0, 0 is off)");
+    }
+    if (value < 0) {
+      return BadParam(*p, "must be >= 0 (FedProx's mu; 0 is off)");
+    }
+    o.prox_mu = static_cast<float>(value);
   }
   return absl::OkStatus();
 }
@@ -257,10 +271,11 @@ absl::StatusOr<std::unique_ptr<MlpLearner>> MlpLearner::Create(
   }
   if (options.batch_size < 1 || options.epochs < 1 || !(options.lr > 0) ||
       !(options.lr_decay > 0 && options.lr_decay <= 1) ||
-      !(options.momentum >= 0 && options.momentum < 1)) {
+      !(options.momentum >= 0 && options.momentum < 1) ||
+      !(options.prox_mu >= 0) || !std::isfinite(options.prox_mu)) {
     return absl::InvalidArgumentError(
         "mlp learner: batch_size and epochs must be >= 1, lr > 0, lr_decay "
-        "in (0, 1], momentum in [0, 1)");
+        "in (0, 1], momentum in [0, 1), prox_mu finite and >= 0");
   }
   if (train_data == nullptr) {
     SWARM_ASSIGN_OR_RETURN(
@@ -313,10 +328,13 @@ std::string MlpLearner::Describe() const {
           : std::string("iid");
   return absl::StrFormat(
       "mlp learner (site %s): shard %d of %d (%s, data_seed %d): %d training "
-      "and %d validation samples, per class [%s]; network %s",
+      "and %d validation samples, per class [%s]; network %s%s",
       options_.site, options_.site_index, options_.sites, split,
       options_.data_seed, train_.size(), validation_.size(),
-      absl::StrJoin(train_.ClassCounts(), " "), SizesString(sizes_));
+      absl::StrJoin(train_.ClassCounts(), " "), SizesString(sizes_),
+      options_.prox_mu > 0
+          ? absl::StrFormat("; FedProx mu=%g", options_.prox_mu)
+          : std::string());
 }
 
 absl::StatusOr<Model> MlpLearner::InitialModel() {
@@ -364,8 +382,11 @@ absl::StatusOr<TrainOutput> MlpLearner::Train(const Model& global,
   }
   SWARM_ASSIGN_OR_RETURN(
       Mlp net, Load(global, absl::StrFormat("round %d: global model", round)));
+  // FedProx's anchor: the global model the round starts from.
+  std::vector<MlpLayer> anchor;
+  if (options_.prox_mu > 0) anchor = net.layers();
   if (options_.dp.enabled())
-    return TrainPrivatelyOutput(global, net, round, cancel);
+    return TrainPrivatelyOutput(global, net, anchor, round, cancel);
   SgdOptions sgd;
   sgd.learning_rate = options_.lr;
   sgd.lr_decay = options_.lr_decay;
@@ -377,6 +398,10 @@ absl::StatusOr<TrainOutput> MlpLearner::Train(const Model& global,
   sgd.shuffle_seed = PortableRng::ForStream(options_.seed, kStreamTrain, round,
                                             options_.site_index)
                          .Next();
+  if (options_.prox_mu > 0) {
+    sgd.prox_mu = options_.prox_mu;
+    sgd.prox_anchor = &anchor;
+  }
   const auto start = std::chrono::steady_clock::now();
   double last_loss = 0;
   absl::Status trained =
@@ -448,8 +473,8 @@ absl::StatusOr<DpSgdOptions> MlpLearner::DpSettings() {
 }
 
 absl::StatusOr<TrainOutput> MlpLearner::TrainPrivatelyOutput(
-    const Model& global, Mlp& net, uint32_t round,
-    const std::atomic<bool>& cancel) {
+    const Model& global, Mlp& net, const std::vector<MlpLayer>& anchor,
+    uint32_t round, const std::atomic<bool>& cancel) {
   SWARM_ASSIGN_OR_RETURN(DpSgdOptions dp, DpSettings());
   SgdOptions sgd;
   sgd.learning_rate = options_.lr;
@@ -457,6 +482,10 @@ absl::StatusOr<TrainOutput> MlpLearner::TrainPrivatelyOutput(
   sgd.first_epoch = uint64_t{round} * options_.epochs;
   sgd.momentum = options_.momentum;
   sgd.balanced_softmax = false;
+  if (options_.prox_mu > 0) {  // After clipping and noise (dp_sgd.h).
+    sgd.prox_mu = options_.prox_mu;
+    sgd.prox_anchor = &anchor;
+  }
   absl::StatusOr<DpSgdReport> report =
       TrainDpSgd(net, train_, {}, sgd, dp, &cancel);
   if (!report.ok()) {

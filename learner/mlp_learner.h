@@ -26,6 +26,12 @@
 //   seed                 seed of the initial model and of the
 //                        minibatch order (mixed with round and
 //                        site_index)                                1
+//   prox_mu              FedProx (Li et al. 2020): every local step
+//                        adds prox_mu * (w - w_global) to the
+//                        gradient of every weight, w_global being
+//                        the round's global model the site started
+//                        from; keeps non-IID sites from drifting
+//                        apart. Finite, >= 0; 0: plain local SGD     0
 // Differential privacy (DP-SGD, dp_sgd.h; docs/privacy.md). Set one of
 // dp_noise_multiplier or dp_target_epsilon to train privately:
 //   dp_noise_multiplier  σ, noise std over the clip norm, > 0       off
@@ -39,6 +45,10 @@
 //                        (default batch_size / training samples)
 // Each round then takes ceil(epochs / q) steps and reports its cost with
 // the result; the balanced softmax is off (its priors are not private).
+// prox_mu composes with DP-SGD: the proximal gradient is added after the
+// per-example clipping and the noise, since it depends on no training
+// example (only on the weights and the global model): no extra privacy
+// cost (dp_sgd.h).
 //
 // Every site of a job must use the same sites, partition, alpha, data_seed,
 // max_train_samples and validation_fraction (so the shards are disjoint and
@@ -48,7 +58,8 @@
 // Create loads the training set and computes the shard, so a missing dataset
 // or an impossible split fails before any training. Train starts from the
 // global model's weights, runs `epochs` epochs of SGD with momentum (the
-// momentum starts at zero each round) over the shard's training part and
+// momentum starts at zero each round; with prox_mu > 0 the proximal term
+// pulls towards that global model) over the shard's training part and
 // returns full weights with sample_count = training samples. Validate
 // returns {"accuracy", "loss"} on the held-out part.
 #ifndef SWARM_LEARNER_MLP_LEARNER_H_
@@ -101,6 +112,7 @@ struct MlpLearnerOptions {
   uint32_t batch_size = 64;
   uint32_t epochs = 1;
   uint64_t seed = 1;
+  float prox_mu = 0.0f;  // FedProx; 0: off.
   MlpDpOptions dp;
 };
 
@@ -160,11 +172,12 @@ class MlpLearner final : public Learner {
 
   // `model` as a network of this learner's sizes; errors name `what`.
   absl::StatusOr<Mlp> Load(const Model& model, absl::string_view what) const;
-  // Train with DP-SGD (options_.dp enabled): `net` is the global model;
-  // the output carries the round's privacy cost.
+  // Train with DP-SGD (options_.dp enabled): `net` is the global model,
+  // `anchor` its layers when prox_mu > 0 (FedProx); the output carries the
+  // round's privacy cost.
   absl::StatusOr<TrainOutput> TrainPrivatelyOutput(
-      const Model& global, Mlp& net, uint32_t round,
-      const std::atomic<bool>& cancel);
+      const Model& global, Mlp& net, const std::vector<MlpLayer>& anchor,
+      uint32_t round, const std::atomic<bool>& cancel);
   // The round's DP-SGD settings: q, steps, and σ (from dp_target_epsilon
   // on first use).
   absl::StatusOr<DpSgdOptions> DpSettings();

@@ -1,6 +1,8 @@
 // The MLP learner's DP-SGD mode: its parameters and the privacy cost it
 // reports with each round's result.
 #include <cmath>
+#include <map>
+#include <string>
 #include <memory>
 
 #include "gmock/gmock.h"
@@ -108,6 +110,44 @@ TEST(MlpLearnerDpTest, RefusesInconsistentParameters) {
                   .status()
                   .message(),
               HasSubstr("dp_rounds"));
+}
+
+double L2Distance(const Model& a, const Model& b) {
+  double sum = 0;
+  for (size_t t = 0; t < a.num_tensors(); ++t) {
+    const auto* x = reinterpret_cast<const float*>(a.tensor_data(t).data());
+    const auto* y = reinterpret_cast<const float*>(b.tensor_data(t).data());
+    for (size_t i = 0; i < a.spec(t).byte_size / sizeof(float); ++i) {
+      sum += (static_cast<double>(x[i]) - y[i]) * (x[i] - y[i]);
+    }
+  }
+  return std::sqrt(sum);
+}
+
+// FedProx composes with DP-SGD: the proximal term (added after clipping and
+// noise) still pulls towards the global model, and the privacy cost is the
+// same as without it.
+TEST(MlpLearnerDpTest, ProxMuComposesWithDpSgd) {
+  const std::map<std::string, std::string> dp = {{"dp_noise_multiplier", "1"},
+                                                 {"epochs", "2"}};
+  std::map<std::string, std::string> prox = dp;
+  prox["prox_mu"] = "4";
+  absl::StatusOr<std::unique_ptr<MlpLearner>> plain = Learner(dp);
+  absl::StatusOr<std::unique_ptr<MlpLearner>> proximal = Learner(prox);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(proximal.ok()) << proximal.status();
+  const Model global = *(*plain)->InitialModel();
+  std::atomic<bool> cancel{false};
+  absl::StatusOr<TrainOutput> a = (*plain)->Train(global, 0, cancel);
+  absl::StatusOr<TrainOutput> b = (*proximal)->Train(global, 0, cancel);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(a->privacy.has_value() && b->privacy.has_value());
+  EXPECT_EQ(a->privacy->SerializeAsString(), b->privacy->SerializeAsString());
+  const double d_plain = L2Distance(a->model, global);
+  const double d_prox = L2Distance(b->model, global);
+  EXPECT_LT(d_prox, 0.7 * d_plain)
+      << "mu=0: " << d_plain << ", mu=4: " << d_prox;
 }
 
 }  // namespace

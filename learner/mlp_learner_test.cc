@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status_macros.h"
 #include "learner/learner_factory.h"
 #include "learner/random.h"
 
@@ -154,6 +156,54 @@ TEST(MlpLearnerOptionsTest, ErrorsNameTheParam) {
         << c.message;
     EXPECT_THAT(o.status().message(), HasSubstr(c.message));
   }
+}
+
+TEST(MlpLearnerOptionsTest, ProxMu) {
+  absl::StatusOr<MlpLearnerOptions> off = ParseMlpLearnerOptions("a", {});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->prox_mu, 0.0f);
+  absl::StatusOr<MlpLearnerOptions> on = ParseMlpLearnerOptions(
+      "a", {{"prox_mu", " 0.01 "}, {"prox_mu.b", "0"}});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->prox_mu, 0.01f);
+  absl::StatusOr<MlpLearnerOptions> b = ParseMlpLearnerOptions(
+      "b", {{"prox_mu", "0.01"}, {"prox_mu.b", "0"}});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->prox_mu, 0.0f);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"-0.1", "learner param \"prox_mu\": \"-0.1\" must be >= 0"},
+      {"-1e-9", "learner param \"prox_mu\": \"-1e-9\" must be >= 0"},
+      {"nan", "learner param \"prox_mu\": \"nan\" is not a finite number"},
+      {"inf", "learner param \"prox_mu\": \"inf\" is not a finite number"},
+      {"1e300", "learner param \"prox_mu\": \"1e300\" is not a finite"},
+      {"x", "learner param \"prox_mu\": \"x\" is not a finite number"},
+      {"", "learner param \"prox_mu\": \"\" is not a finite number"},
+  };
+  for (const auto& [value, message] : bad) {
+    absl::StatusOr<MlpLearnerOptions> o =
+        ParseMlpLearnerOptions("a", {{"prox_mu", value}});
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(o.status().message(), HasSubstr(message));
+  }
+  // The per-site key is named when it is the one used.
+  EXPECT_THAT(
+      ParseMlpLearnerOptions("a", {{"prox_mu.a", "-2"}}).status().message(),
+      HasSubstr("learner param \"prox_mu.a\": \"-2\" must be >= 0"));
+}
+
+// A job's learner_params with a bad prox_mu refuse the job at configure
+// (the daemon prefixes "learner_params: ", controller/site_driver_calls.cc),
+// before any data is loaded.
+TEST(MlpLearnerOptionsTest, ConfigureRefusesABadProxMu) {
+  v1::LearnerConfig config;
+  config.set_kind("mlp");
+  (*config.mutable_params())["data_dir"] = "/nonexistent/fashion-mnist";
+  absl::Status refused =
+      CreateLearner(config, "a", {{"prox_mu", "-0.5"}}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("learner param \"prox_mu\": \"-0.5\" must be >= 0"));
 }
 
 TEST(MlpLearnerOptionsTest, UnknownParams) {
@@ -354,6 +404,125 @@ TEST(MlpLearnerRealDataTest, FactoryBuildsSitesOverTheRealDataset) {
   ASSERT_TRUE(test.ok()) << test.status();
   EXPECT_EQ(test->samples, 10000u);
   EXPECT_GT(test->accuracy, 0.2);
+}
+
+// L2 distance between the float tensors of two models of one layout.
+double L2Distance(const Model& a, const Model& b) {
+  double sum = 0;
+  for (size_t t = 0; t < a.num_tensors(); ++t) {
+    const size_t n = a.spec(t).byte_size / sizeof(float);
+    for (size_t i = 0; i < n; ++i) {
+      float x, y;
+      std::memcpy(&x, a.tensor_data(t).data() + i * sizeof(float), 4);
+      std::memcpy(&y, b.tensor_data(t).data() + i * sizeof(float), 4);
+      sum += (static_cast<double>(x) - y) * (static_cast<double>(x) - y);
+    }
+  }
+  return std::sqrt(sum);
+}
+
+// A trained starting point (so the round's global model is not the initial
+// one) and the sites' learner options: prox_mu is the only difference.
+MlpLearnerOptions ProxOptions(float mu) {
+  MlpLearnerOptions o = SmallOptions(2, 0);
+  o.epochs = 4;
+  o.prox_mu = mu;
+  return o;
+}
+
+absl::StatusOr<Model> TrainWithMu(std::shared_ptr<const ImageDataset> data,
+                                  float mu, const Model& global) {
+  SWARM_ASSIGN_OR_RETURN(std::unique_ptr<MlpLearner> learner,
+                         MlpLearner::Create(ProxOptions(mu), data));
+  std::atomic<bool> cancel{false};
+  SWARM_ASSIGN_OR_RETURN(TrainOutput out, learner->Train(global, 2, cancel));
+  return std::move(out.model);
+}
+
+// prox_mu 0 is plain local SGD, bit for bit: the same weights as a learner
+// without the parameter, and as TrainSgd without the proximal fields.
+TEST(MlpLearnerProxTest, ZeroMuIsBitIdenticalToPlainSgd) {
+  auto data = Synthetic(600);
+  auto plain = MlpLearner::Create(SmallOptions(2, 0), data);
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<MlpLearnerOptions> parsed = ParseMlpLearnerOptions(
+      "site-0", {{"sites", "2"},
+                 {"site_index", "0"},
+                 {"hidden", "12"},
+                 {"batch_size", "16"},
+                 {"prox_mu", "0"}});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto zero = MlpLearner::Create(*parsed, data);
+  ASSERT_TRUE(zero.ok());
+  const Model global = *(*plain)->InitialModel();
+  std::atomic<bool> cancel{false};
+  auto x = (*plain)->Train(global, 1, cancel);
+  auto y = (*zero)->Train(global, 1, cancel);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(SameBytes(x->model, y->model));
+
+  // TrainSgd: mu 0 with an anchor given changes nothing either.
+  absl::StatusOr<Mlp> a = Mlp::FromModel(global);
+  absl::StatusOr<Mlp> b = Mlp::FromModel(global);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::vector<MlpLayer> anchor = a->layers();
+  SgdOptions sgd;
+  sgd.shuffle_seed = 5;
+  sgd.batch_size = 16;
+  ASSERT_TRUE(TrainSgd(*a, *data, {}, sgd, nullptr, {}).ok());
+  sgd.prox_anchor = &anchor;
+  sgd.prox_mu = 0;
+  ASSERT_TRUE(TrainSgd(*b, *data, {}, sgd, nullptr, {}).ok());
+  EXPECT_TRUE(SameBytes(*a->ToModel(), *b->ToModel()));
+}
+
+// The proximal term keeps the local model near the global one: the L2
+// distance of the trained weights from the global model shrinks as mu grows.
+TEST(MlpLearnerProxTest, LargerMuStaysCloserToTheGlobalModel) {
+  auto data = Synthetic(800);
+  auto start = MlpLearner::Create(SmallOptions(1, 0), data);
+  ASSERT_TRUE(start.ok());
+  std::atomic<bool> cancel{false};
+  auto warm = (*start)->Train(*(*start)->InitialModel(), 0, cancel);
+  ASSERT_TRUE(warm.ok());
+  const Model& global = warm->model;
+
+  absl::StatusOr<Model> mu0 = TrainWithMu(data, 0.0f, global);
+  absl::StatusOr<Model> mu_small = TrainWithMu(data, 0.1f, global);
+  absl::StatusOr<Model> mu_large = TrainWithMu(data, 2.0f, global);
+  ASSERT_TRUE(mu0.ok()) << mu0.status();
+  ASSERT_TRUE(mu_small.ok()) << mu_small.status();
+  ASSERT_TRUE(mu_large.ok()) << mu_large.status();
+  const double d0 = L2Distance(*mu0, global);
+  const double d_small = L2Distance(*mu_small, global);
+  const double d_large = L2Distance(*mu_large, global);
+  EXPECT_GT(d0, 0);
+  EXPECT_LT(d_small, d0);
+  EXPECT_LT(d_large, 0.5 * d0) << "d(mu=0) " << d0 << ", d(mu=2) " << d_large;
+  EXPECT_LT(d_large, d_small);
+  // Deterministic like plain training.
+  absl::StatusOr<Model> again = TrainWithMu(data, 2.0f, global);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(SameBytes(*again, *mu_large));
+}
+
+TEST(MlpLearnerProxTest, TrainSgdRefusesAMissingOrMismatchedAnchor) {
+  auto data = Synthetic(100);
+  absl::StatusOr<Mlp> net = Mlp::Create({16, 12, 10}, 1);
+  absl::StatusOr<Mlp> other = Mlp::Create({16, 8, 10}, 1);
+  ASSERT_TRUE(net.ok() && other.ok());
+  SgdOptions sgd;
+  sgd.prox_mu = 0.5f;
+  absl::Status no_anchor = TrainSgd(*net, *data, {}, sgd, nullptr, {});
+  EXPECT_EQ(no_anchor.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_anchor.message(), HasSubstr("anchor"));
+  sgd.prox_anchor = &other->layers();
+  EXPECT_EQ(TrainSgd(*net, *data, {}, sgd, nullptr, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  sgd.prox_anchor = &net->layers();
+  sgd.prox_mu = -1.0f;
+  EXPECT_EQ(TrainSgd(*net, *data, {}, sgd, nullptr, {}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

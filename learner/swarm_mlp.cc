@@ -25,7 +25,7 @@
 // defaults are the learner's): --data-dir --sites --partition iid|dirichlet
 // --alpha --data-seed --validation-fraction --max-train-samples --hidden
 // --lr --lr-decay --momentum --balanced-softmax --batch-size --epochs
-// --seed; DP-SGD: --dp-noise-multiplier or --dp-target-epsilon with
+// --seed --prox-mu (FedProx; simulate); DP-SGD: --dp-noise-multiplier or --dp-target-epsilon with
 // --dp-rounds, --dp-delta --dp-clip-norm --dp-sampling-rate.
 //
 // Output: progress lines on stderr; results on stdout as one line of
@@ -49,12 +49,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
+#include "gatherer/server_optimizer.h"
 #include "learner/fashion_mnist.h"
 #include "learner/mlp.h"
 #include "learner/mlp_learner.h"
@@ -75,6 +77,7 @@ constexpr char kUsage[] =
     "learner flags: --data-dir --partition iid|dirichlet --alpha --data-seed\n"
     "  --validation-fraction --max-train-samples --hidden --lr --lr-decay\n"
     "  --momentum --balanced-softmax true|false --batch-size --epochs --seed\n"
+    "  --prox-mu (FedProx's mu, for simulate)\n"
     "--site-index all is --central: all the training data, nothing held out.\n";
 
 // Flags that are learner params.
@@ -94,6 +97,7 @@ constexpr const char* kLearnerFlags[] = {
     "batch-size",
     "epochs",
     "seed",
+    "prox-mu",
     "dp-noise-multiplier",
     "dp-target-epsilon",
     "dp-rounds",
@@ -224,6 +228,22 @@ absl::Status Save(const Model& model, const std::string& path,
   return absl::OkStatus();
 }
 
+// `model` without the tensors named kServerOptimizerPrefix* (a view over
+// the same storage); `model` itself when it has none.
+absl::StatusOr<Model> WithoutServerOptimizerState(Model model) {
+  std::vector<TensorSpec> specs;
+  std::vector<uint64_t> offsets;
+  for (size_t i = 0; i < model.num_tensors(); ++i) {
+    if (absl::StartsWith(model.spec(i).name, kServerOptimizerPrefix)) continue;
+    specs.push_back(model.spec(i));
+    offsets.push_back(static_cast<uint64_t>(model.tensor_data(i).data() -
+                                            model.storage()->data()));
+  }
+  if (specs.size() == model.num_tensors()) return model;
+  return Model::FromStorage(std::move(specs), std::move(offsets),
+                            model.storage());
+}
+
 int Evaluate(const Args& args) {
   const std::string model_path = Optional(args, "model");
   if (model_path.empty()) return Usage("evaluate needs --model FILE");
@@ -235,7 +255,11 @@ int Evaluate(const Args& args) {
                  std::string(model.status().message()).c_str());
     return kFailed;
   }
-  absl::StatusOr<Mlp> net = Mlp::FromModel(*model);
+  // A round's global model under a server optimizer carries the
+  // optimizer's state (gatherer/server_optimizer.h): evaluate the model.
+  model = WithoutServerOptimizerState(*std::move(model));
+  absl::StatusOr<Mlp> net = model.ok() ? Mlp::FromModel(*model)
+                                       : absl::StatusOr<Mlp>(model.status());
   if (!net.ok()) {
     std::fprintf(stderr, "swarm-mlp: %s is not an MLP model: %s\n",
                  model_path.c_str(),

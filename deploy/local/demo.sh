@@ -9,6 +9,8 @@
 #                        [--no-baselines] [--no-central] [--insecure] [--quick]
 #                        [--bin-dir BUILD_DIR] [--trainer mlp|pytorch]
 #                        [--lr-decay D] [--dp-epsilon E]
+#                        [--server-optimizer none|momentum|adam|yogi]
+#                        [--prox-mu MU]
 #
 # --no-central: the baselines are the sites alone only (no model trained on
 # all the data; that takes about a third of the baselines' time).
@@ -25,6 +27,18 @@
 # 1), so that each site's training data is (E, 1e-5)-differentially private
 # (docs/privacy.md); the table is followed by every site's epsilon spent, and
 # the baselines train with DP-SGD at the same epsilon (--trainer mlp only).
+#
+# For sites whose data differ strongly (e.g. --alpha 0.1: each site sees
+# mostly two or three classes), plain FedAvg drifts; two remedies
+# (docs/server-optimizers.md says which to use when, with measurements):
+# --server-optimizer NAME: the aggregator steps the global model with a
+# server optimizer (the job's server_optimizer: momentum = FedAvgM, adam =
+# FedAdam, yogi = FedYogi; none = plain FedAvg, the default), at the job's
+# default server learning rate and betas; its state travels with the global
+# model from aggregator to aggregator.
+# --prox-mu MU: FedProx, the job's learner param prox_mu: every site's local
+# training is pulled towards the round's global model with weight MU (>= 0;
+# 0, the default, is plain local SGD). The PyTorch trainer honours it too.
 #
 # On a fresh Debian 12 machine it installs what is missing (apt-get),
 # builds, provisions certificates (mTLS), starts the site daemons on loopback,
@@ -52,6 +66,8 @@ TRAINER=mlp
 ROUNDS_SET=0
 DP_EPSILON=""
 DP_DELTA=1e-5
+SERVER_OPT=none
+PROX_MU=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sites) SITES=$2; shift 2 ;;
@@ -62,6 +78,8 @@ while [ $# -gt 0 ]; do
     --lr) LR=$2; shift 2 ;;
     --lr-decay) LR_DECAY=$2; shift 2 ;;
     --dp-epsilon) DP_EPSILON=$2; shift 2 ;;
+    --server-optimizer) SERVER_OPT=$2; shift 2 ;;
+    --prox-mu) PROX_MU=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
     --workspace) WORKSPACE=$2; shift 2 ;;
     --no-baselines) BASELINES=0; shift ;;
@@ -83,6 +101,13 @@ if [ -n "$DP_EPSILON" ]; then
   if ! awk -v e="$DP_EPSILON" 'BEGIN { exit !(e ~ /^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$/ && e + 0 > 0) }'; then
     echo "demo.sh: --dp-epsilon must be a number > 0 (got '$DP_EPSILON')" >&2; exit 2
   fi
+fi
+case "$SERVER_OPT" in
+  none|momentum|adam|yogi) ;;
+  *) echo "demo.sh: --server-optimizer must be none, momentum, adam or yogi (got '$SERVER_OPT')" >&2; exit 2 ;;
+esac
+if ! awk -v m="$PROX_MU" 'BEGIN { exit !(m ~ /^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$/) }'; then
+  echo "demo.sh: --prox-mu must be a number >= 0 (got '$PROX_MU')" >&2; exit 2
 fi
 case "$SITES" in ''|*[!0-9]*) echo "demo.sh: --sites must be a number" >&2; exit 2 ;; esac
 case "$ROUNDS" in ''|*[!0-9]*) echo "demo.sh: --rounds must be a number" >&2; exit 2 ;; esac
@@ -144,10 +169,21 @@ for ((i = 0; i < SITES; i++)); do
   [ -n "$SITES_JSON" ] && SITES_JSON+=", "
   SITES_JSON+="{\"name\": \"site-$((i + 1))\", \"address\": \"127.0.0.1:$((BASE_PORT + i))\"}"
 done
+# --server-optimizer and --prox-mu: the job's server_optimizer and its
+# learner param prox_mu (every site's, external trainers' too).
+JOB_EXTRA=""
+if [ "$SERVER_OPT" != none ]; then
+  JOB_EXTRA+="
+  \"server_optimizer\": \"SERVER_OPTIMIZER_$(echo "$SERVER_OPT" | tr '[:lower:]' '[:upper:]')\","
+fi
+if awk -v m="$PROX_MU" 'BEGIN { exit !(m + 0 > 0) }'; then
+  JOB_EXTRA+="
+  \"learner_params\": {\"prox_mu\": \"$PROX_MU\"},"
+fi
 JOB="$WORKSPACE/job.json"
 cat >"$JOB" <<EOF
 {
-  "job_id": "fashion-demo",
+  "job_id": "fashion-demo",$JOB_EXTRA
   "sites": [$SITES_JSON],
   "num_rounds": $ROUNDS,
   "seed": 2026,
@@ -230,6 +266,8 @@ done
 # 5. Run it, with live progress.
 DP_NOTE=""
 [ -z "$DP_EPSILON" ] || DP_NOTE=", DP-SGD epsilon=$DP_EPSILON delta=$DP_DELTA per site"
+[ "$SERVER_OPT" = none ] || DP_NOTE+=", server optimizer $SERVER_OPT"
+awk -v m="$PROX_MU" 'BEGIN { exit !(m + 0 > 0) }' && DP_NOTE+=", FedProx mu=$PROX_MU"
 echo "=== running the swarm job ($ROUNDS rounds, non-IID alpha=$ALPHA$DP_NOTE)"
 START=$(date +%s.%N)
 "$CTL" start --job "$JOB" "${TLS_FLAGS[@]}"
@@ -359,6 +397,8 @@ if [ -n "$DP_EPSILON" ]; then
   done
 fi
 echo
+echo "server optimizer: $SERVER_OPT$([ "$SERVER_OPT" = none ] && echo " (plain FedAvg)" || echo " (job defaults for its learning rate and betas)")"
+echo "FedProx mu:       $PROX_MU$(awk -v m="$PROX_MU" 'BEGIN { exit !(m + 0 > 0) }' || echo " (off)")"
 echo "swarm job time: ${SWARM_SECONDS}s"
 echo "best model:     $BEST"
 echo "per-round CSV:  $CSV"

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A small CNN on Fashion-MNIST as a Swarm site's trainer (PyTorch).
 
-  train.py                      the site's trainer (launch or attach mode);
-                                learner params come with each task
+  train.py [--prox-mu MU]       the site's trainer (launch or attach mode);
+                                learner params come with each task;
+                                --prox-mu: FedProx's mu when the task's
+                                params have no prox_mu (default 0: off)
   train.py --evaluate FILE      test accuracy of a safetensors CNN
   train.py --baseline (--shard FILE | --central) --epochs E [--lr
            --lr-decay --seed --batch-size] [--dp-epsilon EPS [--dp-delta D
@@ -19,7 +21,10 @@ the built-in MLP learner would use (`swarm-mlp shard` writes it; learner param
 
 Learner params: shard_file (required for the swarm), epochs (1), lr (0.05),
 lr_decay (1: none; round r trains at lr * lr_decay**r, as a baseline's epoch
-e does), momentum (0.9), batch_size (64), seed (1), data_dir, threads (1).
+e does), momentum (0.9), batch_size (64), seed (1), data_dir, threads (1),
+prox_mu (FedProx, Li et al. 2020: adds prox_mu / 2 * |w - w_global|^2 to the
+loss, w_global being the round's global model; >= 0, default --prox-mu's,
+0: plain local training; docs/trainers.md).
 DP-SGD (docs/privacy.md): dp_noise_multiplier (off) or dp_target_epsilon
 (the whole job's ε; the daemon adds dp_rounds and dp_delta), dp_clip_norm (1),
 dp_sampling_rate (batch_size / training images): each round then takes
@@ -78,7 +83,9 @@ def read_safetensors(path):
         data = f.read()
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
+        # A round's global model under a server optimizer also carries the
+        # optimizer's state: not the CNN's.
+        if name == "__metadata__" or name.startswith("swarm.server_optimizer."):
             continue
         if info["dtype"] != "F32":
             raise ValueError(f"{path}: tensor {name!r} is {info['dtype']}")
@@ -108,22 +115,48 @@ def evaluate(model, x, y, batch=1000):
     return {"accuracy": correct / max(len(y), 1), "loss": loss / max(len(y), 1)}
 
 
-def train(model, x, y, epochs, lr, momentum, batch, seed):
+def prox_mu_of(value, where):
+    """FedProx's mu from a flag or a task param: a finite number >= 0."""
+    try:
+        mu = float(value)
+    except (TypeError, ValueError):
+        mu = float("nan")
+    if not (mu >= 0 and math.isfinite(mu)):
+        raise ValueError(f"{where}: {value!r} is not a finite number >= 0 "
+                         f"(FedProx's mu; 0 is off)")
+    return mu
+
+
+def proximal_term(model, anchor, mu):
+    """FedProx: mu / 2 * |w - w_global|^2 over every parameter, whose
+    gradient mu * (w - w_global) pulls the local model towards the round's
+    global model `anchor` (a list of detached copies of the parameters)."""
+    return 0.5 * mu * sum((p - a).pow(2).sum()
+                          for p, a in zip(model.parameters(), anchor))
+
+
+def train(model, x, y, epochs, lr, momentum, batch, seed, prox_mu=0.0):
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     gen = torch.Generator().manual_seed(seed)
+    # FedProx's anchor: the weights training starts from (the global model).
+    anchor = ([p.detach().clone() for p in model.parameters()]
+              if prox_mu > 0 else None)
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=gen)
         for i in range(0, len(y), batch):
             idx = order[i:i + batch]
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            if anchor is not None:
+                loss = loss + proximal_term(model, anchor, prox_mu)
+            loss.backward()
             opt.step()
 
 
-def train_private(model, x, y, p, lr):
+def train_private(model, x, y, p, lr, prox_mu=0.0):
     """One round of DP-SGD (learner params dp_*); returns its privacy
-    cost."""
+    cost. FedProx's term is added after clipping and noise (swarm.dp)."""
     from swarm.dp import dp_sgd, noise_multiplier_for_epsilon
     q = float(p.get("dp_sampling_rate",
                     min(1.0, int(p.get("batch_size", "64")) / len(y))))
@@ -138,10 +171,10 @@ def train_private(model, x, y, p, lr):
     return dp_sgd(model, nn.functional.cross_entropy, x, y,
                   sampling_rate=q, noise_multiplier=sigma,
                   clip_norm=float(p.get("dp_clip_norm", "1")), lr=lr,
-                  steps=steps)
+                  steps=steps, prox_mu=prox_mu)
 
 
-def run_swarm():
+def run_swarm(default_prox_mu=0.0):
     import swarm  # The SDK: <build>/python on PYTHONPATH.
     import swarm.torch  # noqa: F401 (swarm.torch helpers)
     torch.set_num_threads(int(os.environ.get("SWARM_TORCH_THREADS", "1")))
@@ -165,14 +198,17 @@ def run_swarm():
         start = time.time()
         lr = float(p.get("lr", "0.05")) * float(
             p.get("lr_decay", "1")) ** task.round
+        mu = (prox_mu_of(p["prox_mu"], "learner param prox_mu")
+              if "prox_mu" in p else default_prox_mu)
         cost = None
         if "dp_noise_multiplier" in p or "dp_target_epsilon" in p:
-            cost = train_private(model, tx, ty, p, lr)
+            cost = train_private(model, tx, ty, p, lr, prox_mu=mu)
         else:
             train(model, tx, ty, int(p.get("epochs", "1")), lr,
                   float(p.get("momentum", "0.9")),
                   int(p.get("batch_size", "64")),
-                  int(p.get("seed", "1")) * 100003 + task.round)
+                  int(p.get("seed", "1")) * 100003 + task.round,
+                  prox_mu=mu)
         task.submit(swarm.torch.from_state_dict(model.state_dict()),
                     num_samples=len(ty),
                     metrics={"train_seconds": time.time() - start},
@@ -196,7 +232,17 @@ def main():
                         help="baseline by DP-SGD within this epsilon")
     parser.add_argument("--dp-delta", type=float, default=1e-5)
     parser.add_argument("--dp-clip-norm", type=float, default=1.0)
+    parser.add_argument("--prox-mu", default="0",
+                        help="FedProx's mu in the swarm, for tasks whose "
+                             "params have no prox_mu (default 0: off)")
     args = parser.parse_args()
+    try:
+        prox_mu = prox_mu_of(args.prox_mu, "--prox-mu")
+    except ValueError as e:
+        parser.error(str(e))
+    if prox_mu > 0 and (args.baseline or args.evaluate):
+        parser.error("--prox-mu is for the swarm (it pulls each round's "
+                     "training towards the round's global model)")
     if args.dp_epsilon is not None and not args.baseline:
         parser.error("--dp-epsilon is for --baseline; in the swarm, DP-SGD "
                      "comes with the task (learner param dp_target_epsilon)")
@@ -205,7 +251,7 @@ def main():
     if not 0 < args.dp_delta < 1:
         parser.error(f"--dp-delta must be in (0, 1), not {args.dp_delta}")
     if not args.evaluate and not args.baseline:
-        return run_swarm()
+        return run_swarm(prox_mu)
     torch.set_num_threads(args.threads)
     test_x, test_y = load("test")
     model = make_cnn(args.seed)

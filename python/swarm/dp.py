@@ -53,11 +53,17 @@ def dp_sgd(model: _torch.nn.Module,
            loss_fn: Callable[[_torch.Tensor, _torch.Tensor], _torch.Tensor],
            inputs: _torch.Tensor, targets: _torch.Tensor, *,
            sampling_rate: float, noise_multiplier: float, clip_norm: float,
-           lr: float, steps: int) -> PrivacyCost:
+           lr: float, steps: int, prox_mu: float = 0.0) -> PrivacyCost:
     """Trains `model` in place for `steps` DP-SGD steps on (inputs, targets)
     and returns the privacy cost to report with the result. `loss_fn(output,
     target)` must return the mean loss of its batch (it is called on batches
-    of one)."""
+    of one).
+
+    prox_mu > 0: FedProx (docs/trainers.md). Every step adds
+    prox_mu * (w - w0) to the noisy mean gradient, w0 being the weights the
+    model had on entry (the round's global model). It is added after the
+    clipping and the noise: it depends on no training example, so it costs
+    no privacy (the returned cost is the same)."""
     if not 0 < sampling_rate <= 1:
         raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
     if not noise_multiplier > 0:
@@ -66,9 +72,13 @@ def dp_sgd(model: _torch.nn.Module,
         raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if not (prox_mu >= 0 and math.isfinite(prox_mu)):
+        raise ValueError(f"prox_mu must be finite and >= 0, got {prox_mu}")
     functional_call, grad, vmap = _functional()
     names = [name for name, _ in model.named_parameters()]
     params = {name: p.detach() for name, p in model.named_parameters()}
+    anchor = ({k: v.clone() for k, v in params.items()} if prox_mu > 0
+              else None)
 
     def loss_one(p, x, y):
         out = functional_call(model, p, (x.unsqueeze(0),))
@@ -95,6 +105,8 @@ def dp_sgd(model: _torch.nn.Module,
             noise = _torch.normal(0.0, sigma, size=params[k].shape,
                                   generator=gen)
             update = (summed[k] + noise.to(params[k].dtype)) / expected_batch
+            if anchor is not None:
+                update = update + prox_mu * (params[k] - anchor[k])
             params[k] = params[k] - lr * update
     with _torch.no_grad():
         for name, p in model.named_parameters():

@@ -146,6 +146,53 @@ class PrivacyTest(unittest.TestCase):
         for p, e in zip(model.parameters(), expected):
             torch.testing.assert_close(p.detach(), e, atol=1e-6, rtol=1e-5)
 
+    def test_dp_sgd_prox_mu_adds_the_proximal_gradient_after_noise(self):
+        try:
+            import torch
+            from swarm.dp import dp_sgd
+        except ImportError as e:  # torch is optional for the SDK
+            self.skipTest(f"torch not installed: {e}")
+        torch.manual_seed(1)
+        x = torch.randn(10, 3)
+        y = torch.randint(0, 2, (10,))
+        model = torch.nn.Linear(3, 2)
+        ref = torch.nn.Linear(3, 2)
+        ref.load_state_dict(model.state_dict())
+        anchor = [p.detach().clone() for p in ref.parameters()]
+        clip, lr, mu = 0.1, 0.5, 3.0
+
+        def clipped_mean():
+            total = [torch.zeros_like(p) for p in ref.parameters()]
+            for i in range(10):
+                ref.zero_grad()
+                torch.nn.functional.cross_entropy(ref(x[i:i + 1]),
+                                                  y[i:i + 1]).backward()
+                grads = [p.grad.clone() for p in ref.parameters()]
+                norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+                scale = min(1.0, clip / float(norm))
+                for t, g in zip(total, grads):
+                    t += g * scale / 10
+            return total
+
+        # Two steps: the second one's proximal term is not zero and is not
+        # clipped (mu * |w - w0| is far above the clip norm here).
+        for _ in range(2):
+            step = clipped_mean()
+            with torch.no_grad():
+                for p, g, a in zip(ref.parameters(), step, anchor):
+                    p -= lr * (g + mu * (p - a))
+        cost = dp_sgd(model, torch.nn.functional.cross_entropy, x, y,
+                      sampling_rate=1.0, noise_multiplier=1e-9 / clip,
+                      clip_norm=clip, lr=lr, steps=2, prox_mu=mu)
+        self.assertEqual(tuple(cost), (1.0, 1e-9 / clip, 2))
+        for p, e in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach(), e.detach(), atol=1e-6,
+                                       rtol=1e-5)
+        with self.assertRaises(ValueError):
+            dp_sgd(model, torch.nn.functional.cross_entropy, x, y,
+                   sampling_rate=1.0, noise_multiplier=1.0, clip_norm=clip,
+                   lr=lr, steps=1, prox_mu=-1.0)
+
     def test_epsilon_matches_the_daemons_accountant(self):
         try:
             from swarm.dp import epsilon, noise_multiplier_for_epsilon
