@@ -87,9 +87,9 @@ AggregationRound::AggregationRound(GathererOptions options,
     : gatherer_(std::move(options), comparator),
       base_(std::move(base)),
       trainable_(TrainableView(base_)),
-      aggregator_(std::move(aggregator)),
       optimizer_(optimizer),
-      scratch_dir_(std::move(scratch_dir)) {}
+      scratch_dir_(std::move(scratch_dir)),
+      aggregator_(std::move(aggregator)) {}
 
 RoundCounters AggregationRound::counters() const {
   const GathererCounters& gathered = gatherer_.counters();

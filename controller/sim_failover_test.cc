@@ -213,6 +213,95 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param), "Sites");
     });
 
+// Server momentum (lr 1, beta1 0.5) through a failover: the optimizer's
+// state travels with the global model, so the backup that takes round r
+// over (from round r's learn task, whose model carries the state) steps
+// with the same momentum the dead aggregator would have. Every round's
+// global model must follow the recurrence m = beta1 m + (mean - x),
+// x' = x + m over the exact means, with no restart of m at the failover
+// (a restart would make the step after it d instead of beta1 m + d). The
+// final models carry no state.
+class MomentumFailoverTest : public ::testing::TestWithParam<KillPoint> {};
+
+TEST_P(MomentumFailoverTest, StateSurvivesTheMoveToTheBackup) {
+  const KillPoint point = GetParam();
+  constexpr int kSites = 5;
+  auto momentum = [](v1::JobConfig* job) {
+    job->set_server_optimizer(v1::SERVER_OPTIMIZER_MOMENTUM);
+  };
+  SimConfig config = Config(kSites, 5, momentum);
+  Sim probe(config);
+  const uint32_t round = RoundToBreak(probe);
+  ASSERT_LT(round, probe.rounds()) << "change the seed";
+  const int dead = probe.Index(probe.Aggregator(round));
+  // Exact means (ExpectedAggregate): the four survivors weigh 1 each, the
+  // dead site 4, so the totals are 4 without it and 8 with it. Different
+  // deltas per site make the mean depend on who is in it.
+  config.learner = [&](int i, TestLearnerOptions* options) {
+    options->sample_count = i == dead ? 4 : 1;
+    options->delta = 0.125f * static_cast<float>(i + 1);
+  };
+  Sim sim(config);
+  const std::string aggregator = Sim::Name(dead);
+  bool killed = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (killed) return;
+    const bool kill =
+        point == KillPoint::kBeforeItsScatter
+            ? call.kind == CallKind::kLearnTask && call.round == round + 1 &&
+                  call.from == aggregator
+            : call.kind == CallKind::kRequestToSubmit && call.round == round &&
+                  call.to == aggregator;
+    if (kill) {
+      sim.network().Isolate(aggregator);
+      killed = true;
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(killed) << "the kill point never came";
+  const std::vector<int> alive = Without(AllSites(sim), dead);
+  for (int i : alive) {
+    ASSERT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << sim.Status(i).last_error();
+  }
+  std::map<uint32_t, std::vector<float>> globals;
+  for (int i : alive) {
+    for (const auto& [r, values] : sim.learner(i).globals()) {
+      globals.emplace(r, values);
+    }
+  }
+  std::shared_ptr<const Model> last = sim.Final(alive[0], v1::MODEL_KIND_LAST);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->num_tensors(), 1u) << "LAST carries optimizer state";
+  globals[sim.rounds()] = Floats(*last);
+  const std::vector<int> all = AllSites(sim);
+  std::vector<double> m;
+  for (uint32_t r = 0; r < sim.rounds(); ++r) {
+    SCOPED_TRACE(absl::StrCat("round ", r));
+    ASSERT_EQ(globals.count(r), 1u);
+    ASSERT_EQ(globals.count(r + 1), 1u);
+    const std::vector<float>& x = globals[r];
+    const std::vector<float> mean =
+        ExpectedAggregate(sim, x, r < round ? all : alive);
+    m.resize(x.size(), 0.0);
+    for (size_t i = 0; i < x.size(); ++i) {
+      m[i] = 0.5 * m[i] + (static_cast<double>(mean[i]) - x[i]);
+      EXPECT_NEAR(globals[r + 1][i], x[i] + m[i], 1e-4)
+          << "element " << i << " of round " << r + 1 << "'s global model";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    KillPoints, MomentumFailoverTest,
+    ::testing::Values(KillPoint::kWhileTrainersTrain,
+                      KillPoint::kBeforeItsScatter),
+    [](const ::testing::TestParamInfo<KillPoint>& info) {
+      return Name(info.param);
+    });
+
 // Every site of `sites` holds BEST and LAST, the same at each.
 void ExpectIdenticalFinals(Sim& sim, const std::vector<int>& sites) {
   for (v1::ModelKind kind : {v1::MODEL_KIND_BEST, v1::MODEL_KIND_LAST}) {
