@@ -19,22 +19,23 @@
 namespace swarm::testing {
 namespace {
 
-constexpr uint32_t kRounds = 5;
+constexpr uint32_t kRounds = 6;
 constexpr char kStatePrefix[] = "swarm.server_optimizer.";
 
-// The MLP on 3,000 Fashion-MNIST images, one site: training depends only on
-// the seed and the round, so two runs of one job give the same models.
+// The MLP on 20,000 Fashion-MNIST images, one site: training depends only
+// on the seed and the round, so two runs of one job give the same models.
+// About half a second a round here: room to kill the site mid-job.
 v1::SiteConfig MlpSite() {
   v1::SiteConfig config;
   config.mutable_learner()->set_kind("mlp");
   auto& params = *config.mutable_learner()->mutable_params();
-  params["max_train_samples"] = "3000";
+  params["max_train_samples"] = "20000";
   params["sites"] = "1";
   params["site_index"] = "0";
   params["partition"] = "iid";
-  params["hidden"] = "16";
+  params["hidden"] = "64";
   params["batch_size"] = "50";
-  params["epochs"] = "1";
+  params["epochs"] = "2";
   return config;
 }
 
