@@ -406,6 +406,15 @@ void CheckServerOptimizer(const v1::JobConfig& c,
     return;
   }
   const bool none = c.server_optimizer() == v1::SERVER_OPTIMIZER_NONE;
+  if (!none && c.aggregation_method() != v1::AGGREGATION_FEDAVG) {
+    errors->push_back(absl::StrFormat(
+        "server_optimizer: %s only with AGGREGATION_FEDAVG (%s is a robust "
+        "rule: its output is not the mean update the optimizer steps with, "
+        "and momentum would carry what an attacker got through into every "
+        "later round)",
+        v1::ServerOptimizer_Name(c.server_optimizer()),
+        v1::AggregationMethod_Name(c.aggregation_method())));
+  }
   const bool adaptive = c.server_optimizer() == v1::SERVER_OPTIMIZER_ADAM ||
                         c.server_optimizer() == v1::SERVER_OPTIMIZER_YOGI;
   struct Field {

@@ -845,6 +845,12 @@ TEST(ValidateJobConfigTest, ServerOptimizerParameters) {
   EXPECT_THAT(ErrorOf(config), HasSubstr("server_epsilon: -0.001 is not > 0"));
   config.set_server_epsilon(1e-3);
   EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_aggregation_method(v1::AGGREGATION_MEDIAN);
+  EXPECT_THAT(ErrorOf(config),
+              HasSubstr("server_optimizer: SERVER_OPTIMIZER_ADAM only with "
+                        "AGGREGATION_FEDAVG (AGGREGATION_MEDIAN is a robust "
+                        "rule"));
+  config.set_aggregation_method(v1::AGGREGATION_FEDAVG);
   config.set_server_optimizer(static_cast<v1::ServerOptimizer>(9));
   EXPECT_THAT(ErrorOf(config), HasSubstr("server_optimizer: unknown value 9"));
 }

@@ -85,6 +85,8 @@ struct CaseOptions {
   bool broadcast = false;
   // reduce_results_in_chain.
   bool chain = false;
+  // server_optimizer (its defaults: momentum lr 1, beta1 0.5).
+  v1::ServerOptimizer server_optimizer = v1::SERVER_OPTIMIZER_NONE;
 };
 
 bool InState(const Snapshot& snapshot, const std::string& site,
@@ -163,6 +165,7 @@ class NetFaults : public ::testing::Test {
     job_.set_keep_round_models(options.keep_round_models);
     job_.set_broadcast_learn_tasks(options.broadcast);
     job_.set_reduce_results_in_chain(options.chain);
+    job_.set_server_optimizer(options.server_optimizer);
     for (size_t i = 0; i < kSites.size(); ++i) {
       params[absl::StrCat("sample_count.", kSites[i])] =
           absl::StrCat(uint64_t{1} << i);
@@ -897,6 +900,48 @@ TEST_F(NetFaults, AggregatorKilledWhileTrainersTrain) {
   expect.unsteady = {aggregator};
   expect.restarted = {aggregator};
   ExpectJobCompletes(expect);
+}
+
+// (e1m) The same kill with server momentum (lr 1, beta1 0.5), the
+// aggregator left down: round 1 moves to the backup, which steps from the
+// momentum carried in round 1's learn task (every trainer kept a copy).
+// Every result adds the same delta d = 0.125, so every round's mean update
+// is d whoever is in it, and element 0 (0 at round 0) of LAST after three
+// rounds is m1 + m2 + m3 with m = beta1 m + d: 0.125 + 0.1875 + 0.21875 =
+// 0.53125 exactly. A backup that lost the state would restart m at d
+// (0.4375); plain FedAvg gives 0.375. LAST carries no state.
+TEST_F(NetFaults, AggregatorKilledWhileTrainersTrainServerMomentum) {
+  CaseOptions options;
+  options.train_ms = 4000;
+  options.server_optimizer = v1::SERVER_OPTIMIZER_MOMENTUM;
+  MakeJob(options);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string aggregator = Aggregator(1);
+  Note(absl::StrCat("round 1 aggregator: ", aggregator, "; order ",
+                    absl::StrJoin(ElectionOrder(job_, 1), ",")));
+  ASSERT_NO_FATAL_FAILURE(
+      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
+  absl::SleepFor(absl::Seconds(1));
+  swarm_->Kill(aggregator);
+  Note(absl::StrCat("kill -9 ", aggregator, " (round 1's aggregator)"));
+  Expect expect;
+  expect.lost = {aggregator};
+  ExpectJobCompletes(expect);
+  for (const std::string& site : Others({aggregator})) {
+    const std::string path = absl::StrCat(
+        swarm_->Workspace(site), "/", job_.job_id(), "/last.safetensors");
+    absl::StatusOr<Model> last = Model::LoadSafetensors(path);
+    ASSERT_TRUE(last.ok()) << path << ": " << last.status();
+    EXPECT_EQ(last->num_tensors(), 1u) << site << "'s LAST carries state";
+    float first = 0;
+    ASSERT_GE(last->tensor_data(0).size(), sizeof(first));
+    std::memcpy(&first, last->tensor_data(0).data(), sizeof(first));
+    EXPECT_EQ(first, 0.53125f)
+        << site << "'s LAST: 0.4375 means the backup restarted the momentum, "
+        << "0.375 that no optimizer ran";
+  }
+  Note("LAST element 0 is 0.53125 at every survivor: the momentum crossed "
+       "the failover");
 }
 
 // (e2) Round 1's aggregator killed -9 while gathering: after the fast
