@@ -456,6 +456,66 @@ TEST(SimTest, CutThatLeavesABridgeBetweenTwoChainsEndsWithEverySiteDone) {
   ExpectKeptRoundsAgree(sim, all);
 }
 
+// Found on a real network (NetFaults.AggregatorKilledBeforeItsTaskArrives-
+// Restarts): round r's aggregator A came back from a restart in time to get
+// round r's learn task at attempt 0, and the backup B (a trainer) submitted
+// its result to it; but trainer T could not reach A yet (its connection
+// was still refused) and handed the round over to B. Had B opened attempt
+// 1, attempt 0 would have won everywhere without T's result. B knows A
+// holds the round (A answered it within the failover bounds), so it
+// declines the handoff; T goes back to A and submits there once it can
+// reach it again (2 s after the handoff here).
+TEST(SimTest, HandoffToABackupThatStillReachesTheAggregatorIsDeclined) {
+  SimConfig config = Config(4, 5);
+  Sim probe(config);
+  const uint32_t round = RoundToBreak(probe);
+  ASSERT_LT(round, probe.rounds());
+  Sim sim(config);
+  const std::vector<std::string> order = ElectionOrder(sim.job(), round);
+  const std::string aggregator = order[0];
+  const std::string backup = order[1];
+  std::string trainer;  // Not A, not B, not the scatterer of round r.
+  for (const std::string& name : order) {
+    if (name != aggregator && name != backup &&
+        name != sim.Aggregator(round - 1)) {
+      trainer = name;
+      break;
+    }
+  }
+  ASSERT_FALSE(trainer.empty());
+  bool cut = false;
+  bool handed = false;
+  sim.network().SetObserver([&](const CallRecord& call) {
+    if (!cut && call.kind == CallKind::kLearnTask && call.round == round) {
+      cut = true;
+      sim.network().CutLinks(trainer, {aggregator});
+    }
+    if (cut && !handed && call.kind == CallKind::kLearnTask &&
+        call.round == round && call.from == trainer && call.to == backup) {
+      handed = true;
+      sim.runner().PostAfter(absl::Seconds(2), [&] { sim.network().Heal(); });
+    }
+  });
+  sim.Configure();
+  sim.Start();
+  sim.runner().RunUntilIdle();
+  ASSERT_TRUE(handed) << trainer << " never handed round " << round
+                      << " over to " << backup;
+  SCOPED_TRACE(absl::StrCat("round ", round, ": ", trainer, " cut from ",
+                            aggregator, "; backup ", backup));
+  const std::vector<int> all = AllSites(sim);
+  for (int i : all) {
+    const v1::SiteStatus status = sim.Status(i);
+    EXPECT_EQ(status.state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i) << ": " << status.last_error();
+    EXPECT_EQ(status.counters().discarded_aggregates(), 0u) << Sim::Name(i);
+  }
+  EXPECT_EQ(sim.Status(sim.Index(backup)).counters().rounds_taken_over(), 0u);
+  // Nothing lost: every round's aggregate has every site's result.
+  ExpectExactAmong(sim, all, sim.rounds());
+  ExpectIdenticalFinals(sim, all);
+}
+
 TEST(SimTest, TrainerDeadMidRoundIsDroppedWithinTwoFailoverTimeouts) {
   // A bystander trainer acknowledges round 1's task and dies at once (cut
   // off for good): it never probes its aggregator again. The round must

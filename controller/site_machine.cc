@@ -533,13 +533,18 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
     }
     answer = admitted.status();
   } else if (!admitted->receive_body) {
+    absl::Status held = absl::OkStatus();
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
-      OnHeldTask(header, admitted->task);
+      held = OnHeldTask(header, admitted->task);
     }
-    ModelAdmission admission;
-    admission.header_only = true;
-    admission.reply_message = std::move(admitted->message);
-    answer = std::move(admission);
+    if (held.ok()) {
+      ModelAdmission admission;
+      admission.header_only = true;
+      admission.reply_message = std::move(admitted->message);
+      answer = std::move(admission);
+    } else {
+      answer = held;
+    }
   } else if (header.kind() == v1::MODEL_KIND_RESULT ||
              (header.kind() == v1::MODEL_KIND_PARTIAL_SUM &&
               header.relay_to().empty())) {

@@ -504,6 +504,11 @@ class SiteMachine {
     absl::Time failing_since = absl::InfiniteFuture();
     absl::Time lacking_since = absl::InfiniteFuture();
     bool handing_off = false;
+    // When the aggregator (at `attempt`) last answered that it holds the
+    // round: a probe or a permission request answered, the result taken.
+    // A handoff of the round to this site at the next attempt is declined
+    // while that is recent (DeclineTakeOver).
+    absl::Time confirmed = absl::InfinitePast();
     TimerId ask_timer = 0;  // The one kAskAgain timer that counts.
     // Chain reduction (JobConfig.reduce_results_in_chain): this site's part
     // in a chain. kHead: it streams its result to the next trainer;
@@ -633,8 +638,17 @@ class SiteMachine {
   v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
                             std::shared_ptr<const Model> model);
   // A learn task admitted without its body (TaskVerdict kRepeat, kTakeOver,
-  // kNoted): what it changes here.
-  void OnHeldTask(const v1::ModelHeader& header, TaskVerdict verdict);
+  // kNoted): what it changes here. An error refuses the task (a takeover
+  // declined: DeclineTakeOver).
+  absl::Status OnHeldTask(const v1::ModelHeader& header, TaskVerdict verdict);
+  // Why this site declines to take over round r at attempt a+1 (handoff
+  // `header`, TaskVerdict kTakeOver), or OK to take it over: it trains the
+  // round for attempt a's aggregator, which answered it within the failover
+  // timeout. That aggregator holds the round's task (and maybe this site's
+  // result); the lower attempt wins (design section 6), so an aggregate at
+  // a+1 would be dropped with the handing trainer's result in it.
+  // ALREADY_EXISTS: the trainer goes back to attempt a (FailBack).
+  absl::Status DeclineTakeOver(const v1::ModelHeader& header) const;
   // A handoff of a round this site is past: sends the trainer the task of
   // the round this site holds, if it has it.
   void CatchUp(const v1::ModelHeader& stale);
@@ -657,6 +671,9 @@ class SiteMachine {
   void FailOver(const std::string& reason);
   void HandOff();
   void OnHandoffDone(const Call& call, const event::CallDone& e);
+  // The backup declined the handoff (DeclineTakeOver): back to the
+  // aggregator of the attempt before, which holds the round.
+  void FailBack(const std::string& reason);
   void AddChain(v1::SubmitPermissionRequest* ask) const;
   void OnPermissionReply(const Call& call, const event::CallDone& e);
   // The aggregator has this site's result (an accepted upload or partial

@@ -454,7 +454,9 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
       AdmitStream(run_->job.get(), run_->record, header);
   if (!admitted.ok()) return ReplyFromStatus(admitted.status());
   if (!admitted->receive_body) {
-    OnHeldTask(header, admitted->task);
+    if (absl::Status held = OnHeldTask(header, admitted->task); !held.ok()) {
+      return ReplyFromStatus(held);
+    }
     return MakeReply(v1::OUTCOME_OK, admitted->message);
   }
   if (header.aggregator_task_follows() &&
@@ -571,10 +573,40 @@ absl::StatusOr<ModelAdmission> SiteMachine::AcceptHeldTask(
   return admission;
 }
 
-void SiteMachine::OnHeldTask(const v1::ModelHeader& header,
-                             TaskVerdict verdict) {
-  if (verdict == TaskVerdict::kTakeOver) return TakeOver(header);
+absl::Status SiteMachine::OnHeldTask(const v1::ModelHeader& header,
+                                     TaskVerdict verdict) {
+  if (verdict == TaskVerdict::kTakeOver) {
+    if (absl::Status declined = DeclineTakeOver(header); !declined.ok()) {
+      SWARM_LOG_WARNING("round %d: %s handed the round over: %s",
+                        header.round(), header.sender(), declined.message());
+      return declined;
+    }
+    TakeOver(header);
+    return absl::OkStatus();
+  }
   if (header.handoff()) Heard(header.round(), header.sender(), now_);
+  return absl::OkStatus();
+}
+
+absl::Status SiteMachine::DeclineTakeOver(
+    const v1::ModelHeader& header) const {
+  if (!header.handoff() || header.sender() == options_.site ||
+      !run_->work.training.has_value()) {
+    return absl::OkStatus();
+  }
+  const Training& task = *run_->work.training;
+  if (task.round != header.round() || task.aggregator == options_.site ||
+      task.attempt + 1 != header.attempt() || task.handing_off ||
+      task.failures > 0 || task.lacking_since != absl::InfiniteFuture() ||
+      now_ - task.confirmed > run_->job->failover_timeout()) {
+    return absl::OkStatus();
+  }
+  return absl::AlreadyExistsError(absl::StrCat(
+      "not taking over round ", header.round(), " at attempt ",
+      header.attempt(), ": ", task.aggregator, " holds it at attempt ",
+      task.attempt, " (it answered ", options_.site, " ",
+      absl::FormatDuration(now_ - task.confirmed),
+      " ago) and that attempt wins; submit there"));
 }
 
 void SiteMachine::TakeOver(const v1::ModelHeader& header) {
@@ -598,6 +630,7 @@ void SiteMachine::TakeOver(const v1::ModelHeader& header) {
     task.task.set_aggregator(options_.site);
     task.task.set_attempt(header.attempt());
     task.submitted = false;
+    task.confirmed = absl::InfinitePast();
     task.failures = 0;
     task.failing_since = absl::InfiniteFuture();
     task.lacking_since = absl::InfiniteFuture();
@@ -827,6 +860,7 @@ void SiteMachine::FailOver(const std::string& reason) {
   task.result_header.set_aggregator(backup);
   task.result_header.set_attempt(next);
   task.submitted = false;
+  task.confirmed = absl::InfinitePast();
   task.failures = 0;
   task.failing_since = absl::InfiniteFuture();
   task.lacking_since = absl::InfiniteFuture();
@@ -874,6 +908,12 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
     if (task.trained && !task.submitted) return AskToSubmit();
     return ScheduleAsk(run_->job->failover_timeout() / 2);
   }
+  if (status.code() == absl::StatusCode::kAlreadyExists && task.attempt > 0 &&
+      run_->job->AggregatorAt(task.round, task.attempt - 1) != options_.site) {
+    // Declined: the backup still reaches the aggregator of the attempt
+    // before, which holds the round (DeclineTakeOver).
+    return FailBack(std::string(status.message()));
+  }
   if (!e.reply.ok()) return OnAggregatorTrouble(e.reply.status());
   if (e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
     return FailOver(e.reply->reply.message());  // The backup's job ended.
@@ -887,6 +927,32 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
   run_->work.training.reset();
   SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
                                      : v1::SITE_STATE_GATHERING);
+}
+
+void SiteMachine::FailBack(const std::string& reason) {
+  Training& task = *run_->work.training;
+  const uint32_t back = task.attempt - 1;
+  const std::string previous = run_->job->AggregatorAt(task.round, back);
+  ReportError(absl::StrCat("round ", task.round, ": ", task.aggregator,
+                           " declined the round; back to ", previous),
+              absl::AlreadyExistsError(reason));
+  task.aggregator = previous;
+  task.attempt = back;
+  task.task.set_aggregator(previous);
+  task.task.set_attempt(back);
+  task.result_header.set_aggregator(previous);
+  task.result_header.set_attempt(back);
+  task.submitted = false;
+  task.confirmed = absl::InfinitePast();
+  task.failures = 0;
+  task.failing_since = absl::InfiniteFuture();
+  task.lacking_since = absl::InfiniteFuture();
+  run_->record.round_aggregator = previous;
+  run_->record.attempt = back;
+  // Asked again after half a failover timeout: time for a link that was
+  // refused to come back, and for the backup to probe that aggregator
+  // again (it takes the next handoff if the aggregator is gone).
+  ScheduleAsk(run_->job->failover_timeout() / 2);
 }
 
 void SiteMachine::OnPermissionReply(const Call& call,
@@ -922,6 +988,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
     return OnAggregatorTrouble(absl::OkStatus());
   }
   task.lacking_since = absl::InfiniteFuture();
+  task.confirmed = now_;
   if (call.probe) {
     // The aggregator is alive (it gathers the round, or closed it and the
     // outcome is on its way). Look again later.
@@ -987,6 +1054,7 @@ void SiteMachine::ResultIsIn(Training& task) {
   // Kept until the round's outcome arrives; the aggregator is probed
   // meanwhile, so that its death moves the round to a backup.
   task.submitted = true;
+  task.confirmed = now_;
   task.chain = Training::InChain::kNo;
   SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
                                      : v1::SITE_STATE_GATHERING);
