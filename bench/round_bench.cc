@@ -8,7 +8,8 @@
 //   round_bench [--client PATH] [--sites 2,4,8,16] [--rounds 20]
 //               [--max-concurrent N] [--insecure] [--keep] [--scrape-hz HZ]
 //               [--model-size 1KiB] [--link-mbit N]
-//               [--variant star[,broadcast][,chain][,broadcast+chain]]
+//               [--variant star[,broadcast][,chain][,broadcast+chain]
+//                          [,momentum][,adam]]
 //               [--tensors 2304MiB,512MiB,256MiB] [--offload]
 //
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
@@ -165,6 +166,17 @@ constexpr RoundVariant kVariants[] = {
      [](v1::JobConfig* job) {
        job->set_broadcast_learn_tasks(true);
        job->set_reduce_results_in_chain(true);
+     }},
+    {"momentum",
+     "the star with server momentum (server_optimizer): every learn task "
+     "carries one model-sized F32 state tensor more; the aggregator steps",
+     [](v1::JobConfig* job) {
+       job->set_server_optimizer(v1::SERVER_OPTIMIZER_MOMENTUM);
+     }},
+    {"adam",
+     "the star with server Adam: learn tasks carry two state tensors",
+     [](v1::JobConfig* job) {
+       job->set_server_optimizer(v1::SERVER_OPTIMIZER_ADAM);
      }},
 };
 
