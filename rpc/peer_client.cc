@@ -52,6 +52,16 @@ std::shared_ptr<grpc::Channel> PeerChannels::Get(const std::string& address) {
   if (it != channels_.end()) return it->second;
   grpc::ChannelArguments args;
   ApplyModelStreamArgs(&args, AssemblerLimits());
+  // A peer that comes back (a restart) is reachable within a second. gRPC's
+  // default reconnect backoff grows to 120 s, and while it waits every call
+  // fails at once with "Connection refused" although the peer is up again:
+  // a trainer then fails over away from an aggregator that is running
+  // (the split that faults_test AggregatorKilledBeforeItsTaskArrivesRestarts
+  // caught in CI). A dead peer costs one connection attempt a second. (The
+  // minimum, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, stays at its 20 s: it is
+  // also each attempt's connect deadline, TLS handshake included.)
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, credentials_, args);
   channels_.emplace(address, channel);
   return channel;
