@@ -260,6 +260,18 @@ class NetFaults : public ::testing::Test {
   // torn model file in any workspace, and no result lost (CheckRounds).
   // Prints the outcome, every site's failovers and the rounds' contributors
   // either way.
+  // Starts the job and returns (in *aggregator) round 1's aggregator once
+  // the trainers have trained round 1 for a second (the (e1) kill point).
+  void StartUntilTrainersTrainRoundOne(std::string* aggregator) {
+    ASSERT_NO_FATAL_FAILURE(Start());
+    *aggregator = Aggregator(1);
+    Note(absl::StrCat("round 1 aggregator: ", *aggregator, "; order ",
+                      absl::StrJoin(ElectionOrder(job_, 1), ",")));
+    ASSERT_NO_FATAL_FAILURE(
+        WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
+    absl::SleepFor(absl::Seconds(1));
+  }
+
   void ExpectJobCompletes(const Expect& expect = {}) {
     // No status change for 45 s means stuck: the longest quiet wait in
     // these jobs is a final distribution retrying a dead site (30 s). After
@@ -888,13 +900,8 @@ TEST_F(NetFaults, AggregatorKilledWhileTrainersTrain) {
   CaseOptions options;
   options.train_ms = 4000;
   MakeJob(options);
-  ASSERT_NO_FATAL_FAILURE(Start());
-  const std::string aggregator = Aggregator(1);
-  Note(absl::StrCat("round 1 aggregator: ", aggregator, "; order ",
-                    absl::StrJoin(ElectionOrder(job_, 1), ",")));
-  ASSERT_NO_FATAL_FAILURE(
-      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
-  absl::SleepFor(absl::Seconds(1));
+  std::string aggregator;
+  ASSERT_NO_FATAL_FAILURE(StartUntilTrainersTrainRoundOne(&aggregator));
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(aggregator, absl::Seconds(5), 1));
   Expect expect;
   expect.unsteady = {aggregator};
@@ -915,13 +922,8 @@ TEST_F(NetFaults, AggregatorKilledWhileTrainersTrainServerMomentum) {
   options.train_ms = 4000;
   options.server_optimizer = v1::SERVER_OPTIMIZER_MOMENTUM;
   MakeJob(options);
-  ASSERT_NO_FATAL_FAILURE(Start());
-  const std::string aggregator = Aggregator(1);
-  Note(absl::StrCat("round 1 aggregator: ", aggregator, "; order ",
-                    absl::StrJoin(ElectionOrder(job_, 1), ",")));
-  ASSERT_NO_FATAL_FAILURE(
-      WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
-  absl::SleepFor(absl::Seconds(1));
+  std::string aggregator;
+  ASSERT_NO_FATAL_FAILURE(StartUntilTrainersTrainRoundOne(&aggregator));
   swarm_->Kill(aggregator);
   Note(absl::StrCat("kill -9 ", aggregator, " (round 1's aggregator)"));
   Expect expect;
