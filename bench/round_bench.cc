@@ -12,6 +12,10 @@
 //                          [,momentum][,adam]]
 //               [--tensors 2304MiB,512MiB,256MiB] [--offload]
 //
+// Every result line prints sent_mib_per_round: the model bytes all sites
+// sent to peers (their round histories' bytes_sent), per round, final
+// distribution included, averaged over the job's rounds.
+//
 // --scrape-hz HZ turns metrics_listen on at every site (127.0.0.1:0) and
 // runs a scraper thread that GETs every site's /metrics HZ times per second
 // while the job runs (issue 15: a scrape must not slow the round); it
@@ -746,6 +750,9 @@ struct SizeResult {
   double job_ms = 0;
   // CPU time all daemons used from the start of the job to its end.
   double cpu_ms = 0;
+  // Model bytes all sites sent to peers over the job (their round history,
+  // RoundRecord.bytes_sent); 0 when a history call failed.
+  uint64_t bytes_sent = 0;
   // The most threads one daemon had at once during the job (sampled).
   int max_threads = 0;
   // Each daemon's peak resident memory (VmHWM) at the end of the job.
@@ -1131,6 +1138,23 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
     }
     result.job_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     result.cpu_ms = TotalCpuMillis(daemons) - cpu_before;
+    // What the round moved: every site's bytes sent, from its history.
+    for (int i = 0; i < sites && status.ok(); ++i) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline));
+      v1::HistoryRequest request;
+      request.set_job_id(kJobId);
+      request.set_sender(kAdmin);
+      v1::HistoryReply reply;
+      grpc::Status rpc = stubs[i]->History(&context, request, &reply);
+      if (!rpc.ok()) {
+        result.bytes_sent = 0;
+        break;
+      }
+      for (const v1::RoundRecord& round : reply.rounds()) {
+        result.bytes_sent += round.bytes_sent();
+      }
+    }
     result.max_threads = threads.Stop();
     result.memory = memory.Stop();
     scraper.Stop();
@@ -1413,13 +1437,15 @@ int Run(int argc, char** argv) {
           "sites=%d variant=%s rounds=%d round_ms median=%.1f min=%.1f "
           "p90=%.1f "
           "max=%.1f job_ms=%.0f cpu_ms_per_round=%.1f "
-          "max_threads_per_daemon=%d "
+          "max_threads_per_daemon=%d sent_mib_per_round=%.1f "
           "loadavg=%s\n",
           sites, options.variant->name, options.rounds, median,
           *std::min_element(result->round_ms.begin(), result->round_ms.end()),
           Percentile(result->round_ms, 0.9),
           *std::max_element(result->round_ms.begin(), result->round_ms.end()),
           result->job_ms, result->cpu_ms / options.rounds, result->max_threads,
+          static_cast<double>(result->bytes_sent) / options.rounds /
+              (1 << 20),
           LoadAverage().c_str());
       if (!result->peak_rss.empty()) {
         const uint64_t most =
