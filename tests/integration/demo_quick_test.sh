@@ -4,21 +4,29 @@
 # best.safetensors must reload and reproduce the reported accuracy (with
 # --no-central: the central baseline is not compared, and takes a third of
 # the baselines' time).
-#   demo_quick_test.sh SOURCE_DIR BUILD_DIR [mlp|pytorch|mlp-dp]
+#   demo_quick_test.sh SOURCE_DIR BUILD_DIR [mlp|pytorch|mlp-dp|mlp-opt]
 # With pytorch the sites' trainers are the PyTorch CNN (launch mode over the
 # trainer link); without python3-torch it exits 77 (skipped) saying why.
 # With mlp-dp the demo runs with --dp-epsilon 3: every site must print its
 # epsilon spent over the 3 rounds, above 0 and within 3 (the swarm is not
 # compared with the sites alone: with so little data and DP-SGD noise either
 # may win).
+# With mlp-opt the demo runs with --server-optimizer momentum --prox-mu 0.01
+# (issue 35): the demo must say so, and the final models must carry no
+# optimizer state (no "swarm.server_optimizer." tensor in best.safetensors
+# or last.safetensors).
 set -euo pipefail
 SOURCE=$1
 BUILD=$2
 TRAINER=${3:-mlp}
 DP=()
+OPT=()
 if [ "$TRAINER" = mlp-dp ]; then
   TRAINER=mlp
   DP=(--dp-epsilon 3)
+elif [ "$TRAINER" = mlp-opt ]; then
+  TRAINER=mlp
+  OPT=(--server-optimizer momentum --prox-mu 0.01)
 fi
 if [ "$TRAINER" = pytorch ] && ! /usr/bin/python3 -c "import torch, grpc" 2>/dev/null; then
   echo "SKIP: /usr/bin/python3 cannot import torch and grpc (install python3-torch python3-grpcio; tests/run.sh does)"
@@ -30,7 +38,7 @@ trap 'rm -rf "$WORK"' EXIT
 PORT=$((20000 + ($$ % 2000) * 10))
 OUT="$WORK/demo.out"
 if ! bash "$SOURCE/deploy/local/demo.sh" --quick --trainer "$TRAINER" --bin-dir "$BUILD" \
-      --workspace "$WORK/demo" --base-port "$PORT" --no-central "${DP[@]}" >"$OUT" 2>&1; then
+      --workspace "$WORK/demo" --base-port "$PORT" --no-central "${DP[@]}" "${OPT[@]}" >"$OUT" 2>&1; then
   echo "demo.sh --quick failed:"; tail -40 "$OUT"; exit 1
 fi
 best=$(sed -n 's/^swarm best model *\([0-9.]*\)$/\1/p' "$OUT")
@@ -54,6 +62,21 @@ if [ "${#DP[@]}" -gt 0 ]; then
 elif ! awk -v b="$best" -v m="$mean" 'BEGIN { exit !(b > m) }'; then
   echo "FAIL: the swarm's best model ($best) does not beat the mean local-only model ($mean)"
   exit 1
+fi
+if [ "${#OPT[@]}" -gt 0 ]; then
+  if ! grep -q '^server optimizer: momentum' "$OUT"; then
+    echo "FAIL: the demo does not say it ran server momentum:"; tail -20 "$OUT"; exit 1
+  fi
+  for final in "$WORK/demo/best.safetensors" \
+               "$WORK/demo/site-1/workspace/fashion-demo/last.safetensors"; do
+    if [ ! -s "$final" ]; then
+      echo "FAIL: no $final"; exit 1
+    fi
+    if grep -aq 'swarm\.server_optimizer\.' "$final"; then
+      echo "FAIL: $final carries the server optimizer's state"; exit 1
+    fi
+  done
+  echo "server momentum ran; best and last carry no optimizer state: ok"
 fi
 if [ "$TRAINER" = pytorch ]; then
   again=$(/usr/bin/python3 "$SOURCE/examples/pytorch-fashion-mnist/train.py" \
