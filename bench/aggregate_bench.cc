@@ -4,6 +4,7 @@
 //                   [--repeat 3] [--threads 0] [--offload_dir DIR]
 //                   [--fedavg_only] [--accumulator compensated|f64]
 //                   [--memcpy_runs 5] [--memcpy_only]
+//                   [--isa portable|avx2|avx512]
 //
 // FedAvg of n F32 results of `size` bytes each, fed one at a time the way
 // the daemon feeds them: each result streams in 1 MiB chunks into the
@@ -31,6 +32,18 @@
 // and sort n values per coordinate). FedAvg is measured `repeat` times and
 // the best run is used.
 //
+// The add's own limit (AddLimit): memcpy moves fewer bytes than FedAvg's
+// add, which reads the result and reads and writes the running sum (16
+// bytes per element with the compensated sum, 20 with F64, against
+// memcpy's 8). A standalone kernel does the same passes over a sum of
+// FedAvg's layout (allocated the same way, split over the same threads,
+// built for the same vector ISA) with a plain add, in turn with the FedAvg
+// runs after the first; FedAvg's adds (the Add calls alone) are reported
+// against it, for full weights and for weight differences (the same Add;
+// their Finish also reads the base): "fedavg add ... x the add limit" and
+// fedavg_add_over_limit= / diff_add_over_limit=. Target: >= 0.8.
+// --isa portable|avx2 caps the kernels' vector ISA, as on an older CPU.
+//
 // Last line: aggregate_ratio=<FedAvg result bytes per second / memcpy bytes
 // per second>. Targets: ratio >= 0.7, and peak RSS <= 3x size with n = 8.
 #include <poll.h>
@@ -49,6 +62,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,6 +72,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "gatherer/aggregator.h"
+#include "gatherer/aggregator_internal.h"
 #include "gatherer/aggregator_kernels.h"
 #include "model/model.h"
 #include "model/tensor_sink.h"
@@ -197,9 +212,9 @@ struct RunResult {
 
 // Adds result `r` (sample count 1000 + 100 r), timed into `run`.
 void TimedAdd(Aggregator* aggregator, const Model& result, int r,
-              RunResult* run) {
+              v1::PayloadKind kind, RunResult* run) {
   const Clock::time_point start = Clock::now();
-  OrDie(aggregator->Add(result, 1000 + 100 * r, v1::PAYLOAD_KIND_FULL_WEIGHTS));
+  OrDie(aggregator->Add(result, 1000 + 100 * r, kind));
   const double add = Seconds(start);
   run->add_seconds += add;
   run->seconds += add;
@@ -215,10 +230,10 @@ void TimedFinish(Aggregator* aggregator, RunResult* run) {
 
 // Streams `n` results through the aggregator's sink chunk by chunk and adds
 // each; see the file comment for what is timed.
-RunResult RunThroughSinks(const Config& config,
-                          const AggregatorOptions& options,
-                          const std::shared_ptr<const Model>& base,
-                          const Wire& wire) {
+RunResult RunThroughSinks(
+    const Config& config, const AggregatorOptions& options,
+    const std::shared_ptr<const Model>& base, const Wire& wire,
+    v1::PayloadKind kind = v1::PAYLOAD_KIND_FULL_WEIGHTS) {
   const std::vector<TensorSpec>& specs = base->specs();
   RunResult run;
   Clock::time_point start = Clock::now();
@@ -244,7 +259,7 @@ RunResult RunThroughSinks(const Config& config,
       }
     }
     Model result = OrDie(sink->Finish());
-    TimedAdd(aggregator.get(), result, r, &run);
+    TimedAdd(aggregator.get(), result, r, kind, &run);
   }
   TimedFinish(aggregator.get(), &run);
   return run;
@@ -267,11 +282,165 @@ RunResult RunUncheckedModels(const Config& config,
     for (size_t t = 0; t < specs.size(); ++t) {
       wire.Fill(result.mutable_tensor_data(t).data(), specs[t].byte_size, r);
     }
-    TimedAdd(aggregator.get(), result, r, &run);
+    TimedAdd(aggregator.get(), result, r, v1::PAYLOAD_KIND_FULL_WEIGHTS,
+             &run);
   }
   TimedFinish(aggregator.get(), &run);
   return run;
 }
+
+// ---------------------------------------------------------------------------
+// The memory-traffic limit of FedAvg's add: per element of a result, the
+// least work that moves the same bytes as FedAvg's Add. It reads the F32
+// result and read-modify-writes a running sum of FedAvg's layout (an F32
+// head in a model's storage plus a BF16 term per element in a second buffer
+// with the same 64-byte-aligned per-tensor offsets; or, with the F64
+// accumulator, one double per element), with a plain add and no error-free
+// transformation. Like FedAvg, the first of the n passes writes the sum
+// without reading it. Built for the same vector ISA as FedAvg's kernels
+// (chosen at run time the same way) and run on the same threads, work split
+// and memory kind, so that what separates FedAvg from it is the arithmetic.
+
+template <typename Sum>
+__attribute__((always_inline)) inline void LimitBody(const char* x,
+                                                     uint64_t n, float w,
+                                                     bool first,
+                                                     float* __restrict hi,
+                                                     Sum* __restrict lo) {
+  if (first) {
+    for (uint64_t i = 0; i < n; ++i) {
+      hi[i] = w * LoadRaw<float>(x, i);
+      lo[i] = 0;
+    }
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    hi[i] += w * LoadRaw<float>(x, i);
+    lo[i] += 1;
+  }
+}
+// The F64 layout: one double per element (hi unused).
+__attribute__((always_inline)) inline void LimitBodyF64(const char* x,
+                                                        uint64_t n, double w,
+                                                        bool first,
+                                                        double* __restrict acc) {
+  if (first) {
+    for (uint64_t i = 0; i < n; ++i) acc[i] = w * LoadRaw<float>(x, i);
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) acc[i] += w * LoadRaw<float>(x, i);
+}
+
+void LimitPortable(const char* x, uint64_t n, float w, bool first, float* hi,
+                   uint16_t* lo, double* acc) {
+  if (acc != nullptr) return LimitBodyF64(x, n, w, first, acc);
+  LimitBody(x, n, w, first, hi, lo);
+}
+__attribute__((target("avx2,fma"))) void LimitAvx2(const char* x, uint64_t n,
+                                                   float w, bool first,
+                                                   float* hi, uint16_t* lo,
+                                                   double* acc) {
+  if (acc != nullptr) return LimitBodyF64(x, n, w, first, acc);
+  LimitBody(x, n, w, first, hi, lo);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void
+LimitAvx512(const char* x, uint64_t n, float w, bool first, float* hi,
+            uint16_t* lo, double* acc) {
+  if (acc != nullptr) return LimitBodyF64(x, n, w, first, acc);
+  LimitBody(x, n, w, first, hi, lo);
+}
+
+// The limit kernel's state: one result of `specs`' layout and a sum of
+// FedAvg's layout for `accumulator`, allocated like FedAvg's (the head in a
+// model's storage, as acc_; the wide terms at 64-byte-aligned per-tensor
+// offsets, as wide_), and the same split over threads as FedAvg's Add.
+class AddLimit {
+ public:
+  AddLimit(const std::vector<TensorSpec>& specs, int threads,
+           F32Accumulator accumulator, const Wire& wire)
+      : compensated_(accumulator == F32Accumulator::kCompensated),
+        wide_element_(compensated_ ? sizeof(uint16_t) : sizeof(double)),
+        result_(OrDie(
+            Model::Create(specs, HeapStorage::Init::kUninitialized))),
+        head_(OrDie(Model::Create(
+            compensated_ ? specs : std::vector<TensorSpec>{},
+            HeapStorage::Init::kUninitialized))) {
+    for (size_t t = 0; t < specs.size(); ++t) {
+      wire.Fill(result_.mutable_tensor_data(t).data(), specs[t].byte_size, 0);
+    }
+    std::vector<uint64_t> elements, cost;
+    uint64_t wide_bytes = 0;
+    uint64_t total_cost = 0;
+    for (const TensorSpec& spec : specs) {
+      elements.push_back(spec.byte_size / 4);
+      cost.push_back(4 + 2 * (compensated_ ? 6 : 8));  // FedAvg's cost_.
+      total_cost += elements.back() * cost.back();
+      wide_offsets_.push_back(wide_bytes);
+      wide_bytes += (elements.back() * wide_element_ + 63) / 64 * 64;
+    }
+    wide_ = OrDie(
+        HeapStorage::Allocate(wide_bytes, HeapStorage::Init::kUninitialized));
+    work_ = agg_internal::SplitWork(
+        elements, cost,
+        total_cost >= agg_internal::kMinParallelBytes ? threads : 1);
+  }
+
+  int threads() const { return static_cast<int>(work_.size()); }
+
+  // Seconds for n passes (the first writes the sum without reading it).
+  double Run(int n) {
+    const KernelIsa isa = DetectedKernelIsa();
+    const Clock::time_point start = Clock::now();
+    for (int r = 0; r < n; ++r) {
+      const float w = 1.0f + 0.1f * r;
+      agg_internal::RunParallel(threads(), [&](int part) {
+        for (const agg_internal::Range& range : work_[part]) {
+          Pass(isa, range, w, r == 0);
+        }
+      });
+    }
+    const double seconds = Seconds(start);
+    asm volatile("" : : "r"(wide_->mutable_data()) : "memory");
+    return seconds;
+  }
+
+ private:
+  void Pass(KernelIsa isa, const agg_internal::Range& range, float w,
+            bool first) {
+    const char* x =
+        result_.tensor_data(range.tensor).data() + range.begin * 4;
+    char* wide_at = wide_->mutable_data() + wide_offsets_[range.tensor] +
+                    range.begin * wide_element_;
+    float* hi = compensated_
+                    ? reinterpret_cast<float*>(
+                          head_.mutable_tensor_data(range.tensor).data()) +
+                          range.begin
+                    : nullptr;
+    uint16_t* lo =
+        compensated_ ? reinterpret_cast<uint16_t*>(wide_at) : nullptr;
+    double* acc = compensated_ ? nullptr : reinterpret_cast<double*>(wide_at);
+    const uint64_t count = range.end - range.begin;
+    switch (isa) {
+      case KernelIsa::kAvx512:
+        LimitAvx512(x, count, w, first, hi, lo, acc);
+        break;
+      case KernelIsa::kAvx2:
+        LimitAvx2(x, count, w, first, hi, lo, acc);
+        break;
+      default:
+        LimitPortable(x, count, w, first, hi, lo, acc);
+        break;
+    }
+  }
+
+  const bool compensated_;
+  const uint64_t wide_element_;
+  Model result_;
+  Model head_;
+  std::shared_ptr<HeapStorage> wide_;
+  std::vector<uint64_t> wide_offsets_;
+  std::vector<std::vector<agg_internal::Range>> work_;
+};
 
 // `size` bytes of anonymous memory laid out like model storage (HeapStorage:
 // huge pages advised for large buffers), so that memcpy and the aggregators
@@ -483,11 +652,21 @@ int Main(int argc, char** argv) {
       } else {
         Die("--accumulator is compensated or f64");
       }
+    } else if (arg == "--isa") {
+      // Caps the kernels' vector ISA (as on a CPU without the wider ones).
+      const absl::string_view name = value();
+      if (name == "portable") {
+        LimitKernelIsaForTesting(0);
+      } else if (name == "avx2") {
+        LimitKernelIsaForTesting(1);
+      } else if (name != "avx512") {
+        Die("--isa is portable, avx2 or avx512");
+      }
     } else {
       Die(absl::StrCat("unknown argument ", arg,
                        " (--n --size --coord_size --repeat --threads "
                        "--offload_dir --fedavg_only --accumulator "
-                       "--memcpy_runs --memcpy_only)"));
+                       "--memcpy_runs --memcpy_only --isa)"));
     }
   }
   config.size = config.size / 4 * 4;
@@ -519,7 +698,7 @@ int Main(int argc, char** argv) {
       "aggregate_bench: n=%d size=%s F32, threads=%d (0 = up to 2), "
       "%ld cores online, kernels %s, load average %s\n",
       config.n, Mib(config.size).c_str(), config.threads,
-      sysconf(_SC_NPROCESSORS_ONLN), agg_internal::KernelIsaName(),
+      sysconf(_SC_NPROCESSORS_ONLN), KernelIsaName(),
       LoadAverage().c_str());
 
   // The memcpy limit, before any aggregation work and while this process
@@ -568,10 +747,36 @@ int Main(int argc, char** argv) {
   RunResult best = RunThroughSinks(config, fedavg, base, wire);
   const uint64_t peak = PeakRss();
   const RunResult cold = best;
-  for (int rep = 1; rep < config.repeat; ++rep) {
-    const RunResult run = RunThroughSinks(config, fedavg, base, wire);
-    if (run.seconds < best.seconds) best = run;
+  // The add's own limit (AddLimit) and FedAvg of weight differences (the
+  // same Add; Finish also reads the base), measured in turn with the FedAvg
+  // runs so that a change in the machine's speed reaches all three alike.
+  // The adds alone: the fastest run's Add time (a run's adds may be fastest
+  // in another run than its total).
+  auto add_limit = std::make_unique<AddLimit>(
+      base->specs(),
+      config.threads > 0
+          ? config.threads
+          : static_cast<int>(
+                std::clamp(std::thread::hardware_concurrency(), 1u, 2u)),
+      config.accumulator, wire);
+  double best_add = best.add_seconds;
+  double limit_seconds = add_limit->Run(config.n);  // Also faults it in.
+  RunResult diff;
+  double diff_add = 0;
+  for (int rep = 0; rep < config.repeat; ++rep) {
+    if (rep > 0) {
+      const RunResult run = RunThroughSinks(config, fedavg, base, wire);
+      if (run.seconds < best.seconds) best = run;
+      best_add = std::min(best_add, run.add_seconds);
+    }
+    limit_seconds = std::min(limit_seconds, add_limit->Run(config.n));
+    const RunResult run = RunThroughSinks(config, fedavg, base, wire,
+                                          v1::PAYLOAD_KIND_WEIGHT_DIFF);
+    if (rep == 0 || run.seconds < diff.seconds) diff = run;
+    diff_add = rep == 0 ? run.add_seconds : std::min(diff_add, run.add_seconds);
   }
+  const int limit_threads = add_limit->threads();
+  add_limit.reset();
   // Not used for the ratio: shows whether the aggregation runs left this
   // process copying slower than before them.
   const CopyTiming after = BestMemcpy(config.size, config.n, 1, wire);
@@ -598,6 +803,37 @@ int Main(int argc, char** argv) {
   std::printf("fedavg peak RSS: %s = %.2f x size (n=%d; target <= 3)\n",
               Mib(peak).c_str(), static_cast<double>(peak) / config.size,
               config.n);
+
+  {
+    const double limit_rate = total / limit_seconds;
+    std::printf(
+        "add limit (%s layout: reads the F32 result, read-modify-writes the "
+        "sum with a plain add; %s, %d thread%s, first pass writes only, like "
+        "FedAvg; in turn with the FedAvg runs): %.2f GB/s of result bytes, "
+        "%.3f s (best of %d)\n",
+        config.accumulator == F32Accumulator::kCompensated
+            ? "F32 head + BF16 term"
+            : "F64 sum",
+        agg_internal::KernelIsaName(), limit_threads,
+        limit_threads == 1 ? "" : "s", GBps(total, limit_seconds),
+        limit_seconds, config.repeat + 1);
+    std::printf(
+        "fedavg add (%s, full weights): %.2f GB/s of result bytes, %.3f s = "
+        "%.2f x the add limit; whole run %.2f GB/s = %.2f x\n",
+        accumulator_name, GBps(total, best_add), best_add,
+        total / best_add / limit_rate, GBps(total, best.seconds),
+        total / best.seconds / limit_rate);
+    std::printf(
+        "fedavg add (%s, weight differences): %.2f GB/s of result bytes, "
+        "%.3f s = %.2f x the add limit; whole run %.2f GB/s = %.2f x (check "
+        "%.3f + add %.3f + finish %.3f)\n",
+        accumulator_name, GBps(total, diff_add), diff_add,
+        total / diff_add / limit_rate, GBps(total, diff.seconds),
+        total / diff.seconds / limit_rate, diff.check_seconds,
+        diff.add_seconds, diff.finish_seconds);
+    std::printf("fedavg_add_over_limit=%.3f\ndiff_add_over_limit=%.3f\n",
+                total / best_add / limit_rate, total / diff_add / limit_rate);
+  }
 
   if (config.fedavg_only) {
     PrintRatio(fedavg_rate / memcpy_rate, config);
