@@ -413,10 +413,17 @@ TEST(OperatorTest, AStartThatFailsPartWayIsRolledBack) {
     EXPECT_THAT(status.last_error(), HasSubstr("rolled back")) << name;
   }
   // What the rollback leaves in a workspace: the job's config and its
-  // state (aborted), which a restart does not reload.
+  // state (aborted), which a restart does not reload. The restart is a
+  // clean one (SIGTERM): a site answers the abort before its state file
+  // says ABORTED (the write follows within milliseconds), so a power cut
+  // right after the rollback may still find the job CONFIGURED on disk and
+  // reload it - harmless, since a start configures such a job afresh
+  // (AJobReloadedBeforeItsStartIsStartedAfresh). A kill -9 200 ms after
+  // the rollback showed exactly that in CI.
   EXPECT_THAT(ListFiles(swarm.Workspace("site-a") + "/rollback-1"),
               ::testing::IsSupersetOf({"job.json", "state.json"}));
-  ASSERT_TRUE(swarm.RestartSite("site-a").ok()) << swarm.Logs();
+  ASSERT_TRUE(swarm.RestartSite("site-a", /*kill=*/false).ok())
+      << swarm.Logs();
   EXPECT_EQ(StatusOf(swarm, "site-a").job_id(), "");
 
   // site-c is back (same address): the very same command runs the job.
