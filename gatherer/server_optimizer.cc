@@ -246,28 +246,23 @@ absl::StatusOr<Model> ApplyServerOptimizer(const ServerOptimizerOptions& opts,
   std::vector<TensorSpec> specs = trainable.specs();
   std::vector<int> m_index(trainable.num_tensors(), -1);
   std::vector<int> v_index(trainable.num_tensors(), -1);
-  for (size_t t = 0; t < trainable.num_tensors(); ++t) {
-    const TensorSpec& spec = trainable.spec(t);
-    if (!IsFloatDType(spec.dtype)) continue;
-    SWARM_ASSIGN_OR_RETURN(
-        TensorSpec m_spec,
-        MakeTensorSpec(StateName(kFirstMoment, spec.name), v1::DTYPE_F32,
-                       spec.shape));
-    m_index[t] = static_cast<int>(specs.size());
-    specs.push_back(std::move(m_spec));
-  }
-  if (second) {
+  // One state tensor per float tensor, named `moment`/<tensor>; its index
+  // in `specs` goes to (*index)[t].
+  auto append_moment = [&](absl::string_view moment,
+                           std::vector<int>* index) -> absl::Status {
     for (size_t t = 0; t < trainable.num_tensors(); ++t) {
       const TensorSpec& spec = trainable.spec(t);
       if (!IsFloatDType(spec.dtype)) continue;
-      SWARM_ASSIGN_OR_RETURN(
-          TensorSpec v_spec,
-          MakeTensorSpec(StateName(kSecondMoment, spec.name), v1::DTYPE_F32,
-                         spec.shape));
-      v_index[t] = static_cast<int>(specs.size());
-      specs.push_back(std::move(v_spec));
+      SWARM_ASSIGN_OR_RETURN(TensorSpec state_spec,
+                             MakeTensorSpec(StateName(moment, spec.name),
+                                            v1::DTYPE_F32, spec.shape));
+      (*index)[t] = static_cast<int>(specs.size());
+      specs.push_back(std::move(state_spec));
     }
-  }
+    return absl::OkStatus();
+  };
+  SWARM_RETURN_IF_ERROR(append_moment(kFirstMoment, &m_index));
+  if (second) SWARM_RETURN_IF_ERROR(append_moment(kSecondMoment, &v_index));
   SWARM_ASSIGN_OR_RETURN(
       TensorSpec step_spec,
       MakeTensorSpec(absl::StrCat(kServerOptimizerPrefix, kStepName),
