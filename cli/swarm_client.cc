@@ -533,7 +533,17 @@ int Run(int argc, char** argv) {
   // Stops the trainer and ends a worker's wait for it, so the join is prompt.
   if (learners->external != nullptr) learners->external->Shutdown();
   observability.Stop();  // Before the controller it watches goes away.
-  runner.reset();        // Joins the workers before the controller goes away.
+  // The writes asked for so far land before the runner stops (it drops
+  // the tasks it has not run): a job that ended here is reloaded as ended.
+  const size_t unwritten =
+      controller.FinishWrites(absl::Now() + absl::Seconds(10));
+  if (unwritten > 0) {
+    SWARM_LOG_WARNING(
+        "%d workspace write(s) not done 10 s after the shutdown began; "
+        "stopping without them (a restart reloads the state before them)",
+        unwritten);
+  }
+  runner.reset();  // Joins the workers before the controller goes away.
   SWARM_LOG_INFO("stopped");
   return 0;
 }

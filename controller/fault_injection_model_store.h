@@ -21,6 +21,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/storage_error.h"
 #include "controller/model_store.h"
 
@@ -37,6 +39,12 @@ class FaultInjectionModelStore final : public ModelStore {
   void FailWrites(absl::Status error) {
     absl::MutexLock lock(&mu_);
     write_error_ = AsStorageError(std::move(error));
+  }
+  // From now on every write first waits `delay` (a slow disk). A real
+  // sleep: for tests on real thread pools only.
+  void SlowWrites(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    write_delay_ = delay;
   }
   // The directory OffloadDir answers (results then stream to real files
   // there when the job offloads); empty: the base store's.
@@ -111,6 +119,12 @@ class FaultInjectionModelStore final : public ModelStore {
  private:
   // The injected error, counted, or OK.
   absl::Status WriteFault() {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      delay = write_delay_;
+    }
+    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
     absl::MutexLock lock(&mu_);
     if (!write_error_.ok()) ++failed_writes_;
     return write_error_;
@@ -121,6 +135,7 @@ class FaultInjectionModelStore final : public ModelStore {
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);
   std::string offload_dir_ ABSL_GUARDED_BY(mu_);
   int failed_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration write_delay_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace swarm

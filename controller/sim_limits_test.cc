@@ -230,6 +230,28 @@ TEST(ThreadedSimTest, AbortWhileRunning) {
   }
 }
 
+// A daemon shutting down right after its job ended (swarm-client stops its
+// runner, which drops the tasks it has not run) keeps the DONE state: the
+// driver's FinishWrites waits for the writes asked for so far. With a slow
+// disk the DONE state write is still queued when status says DONE.
+TEST(ThreadedSimTest, FinishWritesLandsTheDoneStateOfAJobThatJustEnded) {
+  Sim sim(Threaded(Config(3, 2)));
+  for (int i = 0; i < sim.size(); ++i) {
+    sim.disk(i).SlowWrites(absl::Milliseconds(40));
+  }
+  sim.Configure();
+  sim.Start();
+  ASSERT_TRUE(sim.WaitTerminal(absl::Seconds(120)));
+  for (int i = 0; i < sim.size(); ++i) {
+    ASSERT_EQ(sim.Status(i).state(), v1::SITE_STATE_DONE) << Sim::Name(i);
+    EXPECT_EQ(sim.controller(i).FinishWrites(absl::Now() + absl::Seconds(30)),
+              0u)
+        << Sim::Name(i);
+    EXPECT_EQ(sim.store(i).state().state(), v1::SITE_STATE_DONE)
+        << Sim::Name(i);
+  }
+}
+
 }  // namespace
 }  // namespace sim
 }  // namespace swarm

@@ -546,6 +546,15 @@ void SiteDriver::DrainWrites() {
   }
 }
 
+size_t SiteDriver::FinishWrites(absl::Time deadline) {
+  absl::MutexLock write(&write_mu_);
+  // The drainer clears draining_ only once the queue is empty, after its
+  // last write returned: idle means on disk (or failed and reported).
+  write_mu_.AwaitWithDeadline(absl::Condition(this, &SiteDriver::WritesIdle),
+                              deadline);
+  return writes_.size() + (draining_ && writes_.empty() ? 1 : 0);
+}
+
 void SiteDriver::Write(effect::Persist& persist) {
   absl::Status status;
   switch (persist.what) {

@@ -71,6 +71,14 @@ class SiteDriver {
   // id, "" when there was none. REQUIRES: no job configured yet.
   absl::StatusOr<std::string> RecoverJob();
 
+  // On shutdown, before the runner stops (which drops the tasks it has not
+  // run, among them a queued drainer of writes): waits until every write
+  // the machine asked for so far is in the store, or `deadline` passes.
+  // Returns how many writes were still queued then (0: all written). A
+  // finished job's DONE state is such a write: without the wait, a restart
+  // right after the job ended reloaded it as interrupted.
+  size_t FinishWrites(absl::Time deadline) ABSL_LOCKS_EXCLUDED(write_mu_);
+
   // --- Operator calls (answered at once, but Start) ---
   v1::Reply Configure(const v1::ConfigureRequest& request);
   // Start (or resume) answers once the first round's aggregator has its
@@ -158,6 +166,9 @@ class SiteDriver {
   void StartTraining(effect::StartTraining& start);
   // Runs the queued writes in order, one at a time. REQUIRES: mu_ not held.
   void DrainWrites() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  bool WritesIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    return writes_.empty() && !draining_;
+  }
   // Queues the step's aggregation work (adds, aggregations, releases) in
   // step order. REQUIRES: mu_ held (so that the order is the steps').
   // Returns whether a drainer must be posted.
@@ -189,7 +200,7 @@ class SiteDriver {
 
   // Writes, in the order the machine asked for them (queued under mu_ right
   // after the step, run outside it by one drainer at a time).
-  absl::Mutex write_mu_;
+  mutable absl::Mutex write_mu_;
   std::deque<effect::Persist> writes_ ABSL_GUARDED_BY(write_mu_);
   bool draining_ ABSL_GUARDED_BY(write_mu_) = false;
 
