@@ -489,9 +489,9 @@ void SiteMachine::AnswerStart(uint32_t round, const Scatter* scatter,
   v1::Reply reply = MakeReply(
       v1::OUTCOME_OK,
       absl::StrCat("round ", round, ": learn task delivered to ",
-                   scatter->acked.size(), " trainer(s) and to aggregator ",
+                   scatter->answers.acked().size(), " trainer(s) and to aggregator ",
                    scatter->header.aggregator()));
-  for (const auto& [site, why] : scatter->missed) {
+  for (const auto& [site, why] : scatter->answers.missed()) {
     reply.add_not_reached(absl::StrCat(site, ": ", why));
   }
   Reply(request, std::move(reply));

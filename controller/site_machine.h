@@ -21,324 +21,30 @@
 //   request, a final model whose file is being written).
 // - A message this site sends to itself (Send with `to` == self) is fed back
 //   as the matching incoming event; its reply ends the call as kCallDone.
+//
+// The vocabulary is in machine_events.h and machine_effects.h, the state of
+// a job here in job_run.h (and the trainer's round in trainer_task.h).
 #ifndef SWARM_CONTROLLER_SITE_MACHINE_H_
 #define SWARM_CONTROLLER_SITE_MACHINE_H_
 
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "controller/admission.h"
-#include "controller/aggregation_round.h"
-#include "controller/job_view.h"
-#include "controller/lineage.h"
-#include "controller/peer_message.h"
-#include "controller/relay_protocol.h"
+#include "controller/job_run.h"
+#include "controller/machine_effects.h"
+#include "controller/machine_events.h"
 #include "controller/state_change.h"
-#include "learner/learner.h"
-#include "model/model.h"
-#include "model/tensor_sink.h"
 #include "proto/swarm.pb.h"
 #include "streaming/assembler.h"
 
 namespace swarm {
-
-using RequestId = uint64_t;  // An incoming call, numbered by the caller.
-using CallId = uint64_t;     // An outgoing call, numbered by the machine.
-using TimerId = uint64_t;
-using PersistId = uint64_t;
-
-// What an incoming model stream should be assembled into.
-struct ModelAdmission {
-  AssemblerOptions assembler;
-  // Set for results: the aggregator's sink (validates while receiving).
-  std::unique_ptr<TensorSink> sink;
-  // No body to receive: a failed result (header.failed()), or a final model
-  // this site already stored. The reply is OK with `reply_message`.
-  bool header_only = false;
-  std::string reply_message = "failure noted";
-  // Set for a partial sum passing through this site (chain reduction): the
-  // body goes through a PartialSumSink that adds `own` weighted by
-  // `own_weight` to every chunk, and the output is streamed to `next` with
-  // header `onward` as it comes. The body event's model is then OK (empty)
-  // when `next` accepted the onward stream, else why not.
-  struct ChainHop {
-    std::shared_ptr<const Model> own;
-    double own_weight = 0;
-    v1::ModelHeader onward;
-    std::string next;
-  };
-  std::optional<ChainHop> chain_hop;
-  // The relay protocol's budgets for this stream (controller/
-  // relay_protocol.h), decided here: how long the sender of a partial sum
-  // may stay silent, and how long the next hop (relay_to[0], or
-  // chain_hop->next) may take no frame before it is given up.
-  RelayBudgets relay;
-};
-
-// ---------------------------------------------------------------------------
-// Events
-
-namespace event {
-// The operator's configure. REQUIRES: SiteMachine::CheckConfigure passed,
-// the learner took the job's parameters and the job config is stored.
-struct Configure {
-  RequestId request = 0;
-  v1::JobConfig job;  // With defaults applied, validated.
-  std::string offload_dir;
-};
-struct Start {
-  RequestId request = 0;
-  v1::StartRequest start;
-};
-struct Abort {
-  RequestId request = 0;
-  v1::AbortRequest abort;
-};
-// A model stream's header arrived: the reply is a ModelAdmission or why not.
-struct ModelHeader {
-  RequestId request = 0;
-  v1::ModelHeader header;
-};
-// The body of a stream whose header was admitted (and not header-only):
-// the model, or why assembly failed. Made by MakeModelBody.
-struct ModelBody {
-  RequestId request = 0;
-  v1::ModelHeader header;
-  absl::StatusOr<std::shared_ptr<const Model>> model;
-  // A BEST model's ModelContentDigest (empty for other kinds or no model):
-  // a BEST from a site that is neither its scorer nor the final aggregator
-  // is taken only if this matches the best record's digest.
-  std::string content_digest;
-};
-// REQUIRES: called outside the machine's lock: for a BEST model it reads
-// the whole model to fill `content_digest`.
-ModelBody MakeModelBody(RequestId request, v1::ModelHeader header,
-                        absl::StatusOr<std::shared_ptr<const Model>> model);
-// A trainer asks to submit; a RETRY answer may be held until `hold_until`
-// (granted the moment a slot frees or the round opens).
-struct PermissionAsked {
-  RequestId request = 0;
-  v1::SubmitPermissionRequest ask;
-  absl::Time hold_until = absl::InfinitePast();
-};
-// The caller of a held request went away.
-struct RequestCancelled {
-  RequestId request = 0;
-};
-struct ShareBest {
-  RequestId request = 0;
-  v1::ShareBestRequest share;
-};
-// An outgoing call ended (after the caller's retries). `maybe_delivered`:
-// an earlier attempt failed in a way that may have reached the peer.
-struct CallDone {
-  CallId call = 0;
-  absl::StatusOr<PeerReply> reply;
-  bool maybe_delivered = false;
-};
-struct TimerFired {
-  TimerId timer = 0;
-};
-// The learner finished a StartTraining: the validation metrics of the
-// incoming model, and the trained result (already a weight difference when
-// the effect asked for one and it could be made).
-struct TrainingDone {
-  uint32_t round = 0;
-  absl::StatusOr<Metrics> metrics;
-  absl::StatusOr<TrainOutput> output;
-  // StartTraining.job_run, copied (0: not checked, for step tests).
-  uint64_t job_run = 0;
-};
-struct InitialModel {
-  absl::StatusOr<std::shared_ptr<const Model>> model;
-};
-struct AggregationDone {
-  uint32_t round = 0;
-  absl::StatusOr<std::shared_ptr<const Model>> model;
-  // RunAggregation.digest_base: the base model's ModelContentDigest.
-  std::string base_digest;
-  uint64_t job_run = 0;  // RunAggregation.job_run, copied.
-};
-// An AddResult's job ran: the result is in the aggregate, or why not.
-struct ResultAdded {
-  RequestId request = 0;
-  uint32_t round = 0;
-  v1::ModelHeader header;
-  absl::Status added;
-  uint64_t job_run = 0;  // AddResult.job_run, copied.
-};
-// A Persist ended. Reported for every Persist with `notify`, and for every
-// one that failed (`what` names the file).
-struct PersistDone {
-  PersistId persist = 0;
-  absl::Status status;
-  std::string what;
-  // Persist.map_back: the written model, mapped from its file (null when
-  // that failed: the model stays in memory).
-  std::shared_ptr<const Model> mapped;
-};
-// The daemon restarted: the job this site was in, reloaded from its
-// workspace (the accepted config, the state file, the persisted global
-// model if any). REQUIRES: the learner took the job's parameters.
-struct Recover {
-  v1::JobConfig job;
-  v1::JobState state;
-  std::shared_ptr<const Model> global;  // Of state.global_round(), or null.
-  // The best model's copy when this site holds it (state.best()), or null.
-  std::shared_ptr<const Model> best_model;
-  std::string offload_dir;
-};
-// What the learner waits for changed (Learner::WaitingFor; "" for nothing):
-// shown in status as `waiting_for`.
-struct LearnerWaiting {
-  std::string what;
-};
-}  // namespace event
-
-using Event =
-    std::variant<event::Configure, event::Start, event::Abort,
-                 event::ModelHeader, event::ModelBody, event::PermissionAsked,
-                 event::RequestCancelled, event::ShareBest, event::CallDone,
-                 event::TimerFired, event::TrainingDone, event::InitialModel,
-                 event::AggregationDone, event::ResultAdded, event::PersistDone,
-                 event::LearnerWaiting, event::Recover>;
-
-// ---------------------------------------------------------------------------
-// Effects
-
-namespace effect {
-// Send `message` to `to`. Retry retryable failures (transport errors,
-// deadlines) per the retry policy while `retry` and the machine still
-// wants the call (SiteMachine::WantsCall), at least until `retry_until`.
-struct Send {
-  CallId call = 0;
-  v1::SiteInfo to;
-  PeerMessage message;
-  bool retry = true;
-  absl::Time retry_until = absl::InfinitePast();
-};
-// The answer to incoming call `request`.
-struct Reply {
-  RequestId request = 0;
-  std::variant<v1::Reply, v1::SubmitPermissionReply,
-               absl::StatusOr<ModelAdmission>>
-      answer;
-};
-// Validate `global` and train on it for `round`; report kTrainingDone.
-struct StartTraining {
-  uint32_t round = 0;
-  std::shared_ptr<const Model> global;
-  // Return a weight difference against `global` when the learner gives
-  // full weights.
-  bool weight_diff = false;
-  // The job run that asked (copy it into kTrainingDone): a training of a
-  // job that is gone is dropped when it ends.
-  uint64_t job_run = 0;
-};
-// Stop the training under way (its kTrainingDone may then never come).
-struct CancelTraining {};
-// The job's first model; report kInitialModel. From the learner's initial
-// weights, or, with `kept_round` (a job whose start_round is above 0), the
-// global model of that round this site kept (keep_round_models) in an
-// earlier run of the job: a start_round without its model is refused.
-struct LoadInitialModel {
-  std::optional<uint32_t> kept_round;
-  // Set: a model of lean_min_bytes or more is written to lean_path, mapped
-  // and unlinked, so that it is held as a file mapping, not memory.
-  std::string lean_path;
-  uint64_t lean_min_bytes = 0;
-};
-// Aggregate the closed round (costly: outside any lock); report
-// kAggregationDone.
-struct RunAggregation {
-  uint32_t round = 0;
-  std::shared_ptr<AggregationRound> closed;
-  // The base is the new best: digest it too (before aggregating, so that
-  // no result is held while the base is read; outside the step, since it
-  // reads a whole model).
-  bool digest_base = false;
-  uint64_t job_run = 0;  // Copied into kAggregationDone.
-};
-// Fold a received result into its round's aggregate (a pass over the
-// model: outside any lock, on the worker that runs RunAggregation, in the
-// order given); report kResultAdded with `job`'s status. The answer to
-// `request` waits for it.
-struct AddResult {
-  RequestId request = 0;
-  uint32_t round = 0;
-  v1::ModelHeader header;
-  AggregationRound::AddJob job;
-  uint64_t job_run = 0;
-};
-// Let `held` go on the aggregation worker, after the work queued before it:
-// a dropped round's aggregator removes its offload files as it goes, which
-// is I/O the step must not do.
-struct Release {
-  std::shared_ptr<void> held;
-};
-struct SetTimer {
-  TimerId timer = 0;
-  absl::Time when;
-};
-// Write to the site's store, in the order given. With `notify`, and on
-// failure, report kPersistDone.
-struct Persist {
-  // kBestModel: the global model of `round` this site scored best, kept as
-  // held-best.safetensors so that a restart does not lose it.
-  // kSetAsideRound: the kept model of `round` (keep_round_models) is of a
-  // chain that lost; it is renamed with `tag`, so that no two sites
-  // disagree on what round `round`'s model was.
-  enum class What {
-    kState,
-    kGlobal,
-    kFinal,
-    kClearOffload,
-    kBestModel,
-    kSetAsideRound
-  };
-  What what = What::kState;
-  PersistId persist = 0;
-  bool notify = false;
-  std::string job_id;
-  v1::JobState state;  // kState.
-  uint32_t round = 0;  // kGlobal: the round the model is the input of.
-  bool keep_round = false;
-  // kGlobal (lean memory): map the written file back and report it in
-  // kPersistDone, so that the site holds the model as a file mapping.
-  bool map_back = false;
-  v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;  // kFinal.
-  std::shared_ptr<const Model> model;
-  std::map<std::string, std::string> metadata;
-  std::string tag;  // kSetAsideRound.
-};
-// A job was configured: the transport may connect ahead.
-struct PrepareTransport {
-  v1::JobConfig job;
-};
-// What Status() shows changed (wake held Status calls).
-struct StatusChanged {};
-}  // namespace effect
-
-// The work of a RunAggregation, for its carrier (outside any lock): the
-// base's digest if asked, then the aggregate.
-event::AggregationDone RunAggregationWork(const effect::RunAggregation& run);
-
-using Effect = std::variant<effect::Send, effect::Reply, effect::StartTraining,
-                            effect::CancelTraining, effect::LoadInitialModel,
-                            effect::RunAggregation, effect::AddResult,
-                            effect::Release, effect::SetTimer, effect::Persist,
-                            effect::PrepareTransport, effect::StatusChanged>;
-using Effects = std::vector<Effect>;
 
 struct SiteMachineOptions {
   // This site's name.
@@ -387,161 +93,23 @@ class SiteMachine {
   size_t held_requests() const { return run_->work.held.size(); }
 
  private:
-  // What an outgoing call is for.
-  struct Call {
-    enum class Purpose {
-      kTaskToTrainer,
-      kTaskToAggregator,
-      kAskPermission,
-      kSubmit,
-      kFinal,
-      kShareBest,
-      kHandoff,  // A trainer hands its round to an aggregator (failover).
-      // The newer round's task to a trainer that handed over a round this
-      // site is past (its scatter was lost with its aggregator).
-      kCatchUp,
-      // Chain reduction: the chain's first trainer streams its result to
-      // the second (the answer comes once the aggregator took the sum).
-      kChainSubmit,
-    };
-    Purpose purpose = Purpose::kTaskToTrainer;
-    std::string target;
-    uint32_t round = 0;
-    uint64_t broadcast = 0;  // kFinal: which broadcast.
-    bool probe = false;      // kAskPermission: a liveness probe.
-    // kTaskToTrainer sent as a broadcast: the sites the stream goes along,
-    // `target` first.
-    std::vector<std::string> chain;
-  };
-  // What a timer is for.
-  struct Timer {
-    enum class Purpose {
-      kRoundDeadline,
-      kHeldPermission,
-      kAskAgain,
-      // Drop the expected trainers not heard from for two failover
-      // timeouts (down, frozen, or silent after a handoff); look again.
-      kComeForward,
-      // A scatter's first acknowledgement came a failover timeout ago: go
-      // on without the trainers still silent.
-      kScatterGrace,
-      // A LAST broadcast's first acknowledgement came a failover timeout
-      // ago: BEST goes to the sites that acknowledged, the rest follow.
-      kFinalGrace,
-      // A trainer configured start_timeout ago that never got a learn task
-      // leaves the job (the start never came).
-      kStartDeadline,
-      // LAST came final_result_ack_timeout ago and BEST never followed.
-      kBestDeadline,
-    };
-    Purpose purpose = Purpose::kRoundDeadline;
-    uint32_t round = 0;
-    RequestId request = 0;
-    uint64_t training = 0;
-    uint64_t broadcast = 0;
-  };
-  // A scatter waiting for the trainers' acknowledgements.
-  struct Scatter {
-    v1::ModelHeader header;  // The trainers' learn task.
-    std::shared_ptr<const Model> global;
-    std::set<std::string> waiting;
-    std::vector<std::string> acked;
-    // Trainers the task did not reach, and why.
-    std::map<std::string, std::string> missed;
-    // The grace timer for the trainers still silent is set.
-    bool grace_set = false;
-    // Broadcast: the aggregator kept the chain's copy (its task goes
-    // without a body).
-    bool aggregator_holds_copy = false;
-  };
-  // The operator's Start (or resume), answered once the first round's
-  // aggregator acknowledged its learn task (or the start failed): the
-  // reply lists the trainers the round's task did not reach.
-  struct PendingStart {
-    RequestId request = 0;
-    uint32_t round = 0;
-  };
-  // A round this site gathers: its attempt and chain, and when each trainer
-  // was last heard from (a probe, a request, a result; InfiniteFuture while
-  // it holds a slot). Trainers probe their aggregator every half failover
-  // timeout, so one silent for two failover timeouts is down or frozen.
-  struct Gathering {
-    uint32_t attempt = 0;
-    Lineage lineage;
-    bool handoff = false;
-    absl::Time opened;
-    std::map<std::string, absl::Time> heard;
-    // Chain reduction: trainers put into a chain whose partial sum has not
-    // come yet (they are not asked to join another).
-    std::set<std::string> chained;
-    // The round is over but results are still being added: it closes once
-    // the last add ends (CloseRound).
-    bool close_when_added = false;
-    // Trainers that reported they stopped training for the job for good
-    // (their privacy budget spent: ModelHeader.trainer_stopped).
-    std::set<std::string> stopped;
-  };
+  using Call = site::Call;
+  using Timer = site::Timer;
+  using Scatter = site::Scatter;
+  using PendingStart = site::PendingStart;
+  using Gathering = site::Gathering;
+  using Training = site::Training;
+  using Held = site::Held;
+  using Broadcast = site::Broadcast;
+  using Closing = site::Closing;
+  using HeldTaskCopy = site::HeldTaskCopy;
+  using BestAsk = site::BestAsk;
+  using AfterGlobal = site::AfterGlobal;
+  using PendingFinal = site::PendingFinal;
+  using Work = site::Work;
+  using JobRun = site::JobRun;
+
   void Heard(uint32_t round, const std::string& trainer, absl::Time when);
-  // This site's training for one round, from the learn task to submission.
-  // It is kept after submission until the round's outcome arrives (the next
-  // learn task, the final models): the result is resubmitted to a backup if
-  // the aggregator dies (design section 6).
-  struct Training {
-    uint64_t id = 0;
-    uint32_t round = 0;
-    std::shared_ptr<const Model> global;
-    v1::ModelHeader task;  // The learn task (attempt, chain, best record).
-    std::string aggregator;
-    uint32_t attempt = 0;
-    bool trained = false;
-    bool submitted = false;  // Kept; the aggregator is probed.
-    absl::Time asking_since;
-    v1::ModelHeader result_header;
-    std::shared_ptr<const Model> result;
-    // The aggregator's trouble: failed calls in a row and since when, and
-    // since when it has answered that it lacks the round's task.
-    int failures = 0;
-    absl::Time failing_since = absl::InfiniteFuture();
-    absl::Time lacking_since = absl::InfiniteFuture();
-    bool handing_off = false;
-    // When the aggregator (at `attempt`) last answered that it holds the
-    // round: a probe or a permission request answered, the result taken.
-    // A handoff of the round to this site at the next attempt is declined
-    // while that is recent (DeclineTakeOver).
-    absl::Time confirmed = absl::InfinitePast();
-    TimerId ask_timer = 0;  // The one kAskAgain timer that counts.
-    // Chain reduction (JobConfig.reduce_results_in_chain): this site's part
-    // in a chain. kHead: it streams its result to the next trainer;
-    // kMember: a partial sum is to pass through it until `chain_until`;
-    // kContributing: one is passing through now.
-    enum class InChain { kNo, kHead, kMember, kContributing };
-    InChain chain = InChain::kNo;
-    absl::Time chain_until = absl::InfiniteFuture();
-    // Asks for an ordinary slot (a chain did not carry its result).
-    bool direct = false;
-    bool uploading = false;  // A direct upload is under way.
-  };
-  struct Held {
-    v1::SubmitPermissionRequest ask;
-    absl::Time until;
-  };
-  // A final-model broadcast: LAST, then BEST (or asking its holder).
-  // Each target's call retries for final_result_ack_timeout (a site back
-  // from a restart then gets it). BEST follows LAST per site: to the sites
-  // that acknowledged LAST once all did or a failover timeout after the
-  // first, and to each later one as it acknowledges.
-  struct Broadcast {
-    v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;
-    std::set<std::string> pending;
-    std::set<std::string> acked;
-    bool advanced = false;  // BEST went out to the acknowledged ones.
-    absl::Status first_error;
-    // After LAST: what to do for BEST.
-    bool then_best = false;
-    std::shared_ptr<const Model> best_model;
-    v1::BestRecord best;
-    uint32_t last_round = 0;
-  };
 
   // One step function per kind of input (site_machine.cc and the role
   // files); each appends to out_.
@@ -681,9 +249,6 @@ class SiteMachine {
   // outcome, probing the aggregator meanwhile.
   void ResultIsIn(Training& task);
   void OnSubmitDone(const Call& call, const event::CallDone& e);
-  // Whether this site's asks are liveness probes (training, submitted, or
-  // its result is with a reduction chain).
-  bool Probing(const Training& task) const;
   // Chain reduction, trainer side (site_machine_chain.cc).
   void StartChain(const v1::SubmitPermissionReply& reply);
   // This site's entry in a partial sum's contributions.
@@ -760,132 +325,8 @@ class SiteMachine {
   v1::Reply AcceptFinal(const v1::ModelHeader& header,
                         std::shared_ptr<const Model> model);
 
-  // Rounds closed and being aggregated, with their verdict.
-  struct Closing {
-    v1::BestRecord best;
-    std::optional<double> input_score;
-    uint32_t attempt = 0;
-    Lineage lineage;
-    std::string stop_reason;  // Set: finish after this round (early stop).
-  };
-  // Scatters the next round of `round`'s aggregate, or finishes the job.
   void GoOnAfter(uint32_t round, const Closing& closing,
                  std::shared_ptr<const Model> next);
-  // The round's model as a broadcast brought it to this site, the round's
-  // aggregator, kept for its own task (header.body_held).
-  struct HeldTaskCopy {
-    v1::ModelHeader header;
-    std::shared_ptr<const Model> model;
-  };
-  // Asking holders in turn to share BEST (SendBest).
-  struct BestAsk {
-    v1::ShareBestRequest request;
-    std::vector<std::string> holders;
-    size_t next = 0;
-    absl::Status first_error;
-  };
-  // Writes with map_back: a lean aggregate waiting for its write and
-  // mapping before it goes on (ScatterRound or FinishJob), so that whatever
-  // would hold the model in memory beside its file (the next round's base,
-  // the sends, this site's own training) holds the mapping instead.
-  struct AfterGlobal {
-    uint32_t round = 0;
-    Closing closing;
-    std::shared_ptr<const Model> model;  // The aggregate in memory.
-  };
-  // Final models being written, and the requests waiting for them.
-  struct PendingFinal {
-    RequestId request = 0;
-    v1::ModelHeader header;
-    std::shared_ptr<const Model> model;
-  };
-
-  // What is under way in a job at this site: every call, timer, round,
-  // training and broadcast in flight. Created with the job, replaced whole
-  // when the job ends here (EndActivity): a completion of something it no
-  // longer holds finds nothing and is dropped.
-  struct Work {
-    std::optional<Training> training;
-    // The rounds this site gathers.
-    std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds;
-    // When each gathering round's deadline timer is armed for.
-    std::map<uint32_t, absl::Time> armed;
-    std::map<uint32_t, Gathering> gathering;
-    std::map<uint32_t, Closing> aggregating;
-    std::map<CallId, Call> calls;
-    std::map<TimerId, Timer> timers;
-    std::map<uint32_t, Scatter> scatters;
-    // Learn tasks to aggregators not yet acknowledged (kept for a failover
-    // to the round's next backup).
-    std::map<uint32_t, Scatter> aggregator_tasks;
-    std::optional<PendingStart> pending_start;
-    std::map<uint64_t, BestAsk> best_asks;
-    std::map<RequestId, Held> held;
-    std::map<uint64_t, Broadcast> broadcasts;
-    std::map<PersistId, AfterGlobal> after_global;
-    std::optional<HeldTaskCopy> held_task_copy;
-  };
-
-  // Everything of one job at this site (design section 9): created at
-  // configure (or recovery), destroyed whole when the next job replaces it.
-  // No field is reset one by one. What status shows of an ended job stays
-  // until then; what was under way (`work`) goes when the job ends here.
-  struct JobRun {
-    uint64_t id = 0;                     // Numbered by the machine, from 1.
-    std::shared_ptr<const JobView> job;  // Null: no job yet.
-    std::string offload_dir;
-    // The first ids this run numbered: a completion with a lower id is of
-    // an earlier job (dropped and counted in stale_completions).
-    CallId first_call = 0;
-    TimerId first_timer = 0;
-    PersistId first_persist = 0;
-    uint64_t next_lean_file = 1;
-    uint64_t next_training = 1;
-    uint64_t next_broadcast = 1;
-    uint64_t next_best_ask = 1;
-    SiteRecord record;
-    // The best model when this site holds it: scored best here as an
-    // aggregator (record.best.site() is this site), or the input of the
-    // round it trained on that scored best (KeepBestCopy).
-    std::shared_ptr<const Model> best_model;
-    uint32_t best_model_round = 0;
-    std::shared_ptr<const Model> current_global;
-    uint32_t current_global_round = 0;  // The round it is the input of.
-    // The learn task of that round as this site accepted it (for CatchUp).
-    std::optional<v1::ModelHeader> current_task;
-    std::map<v1::ModelKind, std::shared_ptr<const Model>> finals;
-    v1::SiteCounters counters;
-    RoundCounters closed_rounds;
-    std::map<std::string, double> metrics;
-    std::string last_error;
-    absl::Time last_error_time = absl::InfinitePast();
-    std::deque<v1::Failover> failovers;
-    std::string end_reason;
-    // The final round and attempt of the finals this site sends or
-    // received, and their chain (including the final round).
-    uint32_t final_round = 0;
-    uint32_t final_attempt = 0;
-    Lineage final_chain;
-    // The global model in the store (global.safetensors): its round and
-    // chain.
-    int64_t persisted_global_round = -1;
-    Lineage persisted_global_lineage;
-    // The same once on disk (the state file naming it written): what status
-    // shows as global_round. The state writes that will make it so.
-    int64_t durable_global_round = -1;
-    std::map<PersistId, int64_t> durable_writes;
-    bool reloaded = false;  // This daemon reloaded its job on start.
-    // The round models this site kept (keep_round_models), by the round
-    // they are the input of, with their chain.
-    std::map<uint32_t, Lineage> kept_rounds;
-    std::map<PersistId, PendingFinal> pending_finals;
-    // Differential privacy: every trainer's spend as this site last heard
-    // of it (results it gathered, learn tasks and finals it received), the
-    // latest report per site; carried on in the learn tasks it scatters and
-    // into the final models (ModelHeader.privacy_spent).
-    std::map<std::string, v1::PrivacySpent> privacy_spent;
-    Work work;
-  };
   // Folds trainers' reports into run_->privacy_spent: per site, the report
   // with more rounds charged wins (then the higher epsilon).
   void NotePrivacy(

@@ -358,7 +358,7 @@ void SiteMachine::ReplaceHeldModel(const Model* old,
 bool SiteMachine::OwnResultFirst(uint32_t round) const {
   if (!run_->work.training.has_value() || run_->work.training->round != round ||
       run_->work.training->aggregator != options_.site ||
-      run_->work.training->submitted ||
+      run_->work.training->submitted() ||
       run_->work.training->global == nullptr) {
     return false;
   }

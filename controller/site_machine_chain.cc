@@ -27,11 +27,6 @@
 
 namespace swarm {
 
-bool SiteMachine::Probing(const Training& task) const {
-  return !task.trained || task.submitted ||
-         task.chain != Training::InChain::kNo;
-}
-
 // --- Aggregator side -------------------------------------------------------
 
 // Not while the aggregator, lean, adds its own result first: the sum
@@ -134,7 +129,7 @@ void SiteMachine::StartChain(const v1::SubmitPermissionReply& reply) {
                                    : "the chain does not end at the round's "
                                      "aggregator"));
   }
-  task.chain = Training::InChain::kHead;
+  task.BecomeChainHead();
   SetState(v1::SITE_STATE_SUBMITTING);
   PeerMessage message;
   message.kind = CallKind::kSubmitResult;
@@ -167,7 +162,8 @@ void SiteMachine::OnChainSubmitDone(const Call& call,
                                     const event::CallDone& e) {
   if (!run_->work.training.has_value() ||
       run_->work.training->round != call.round ||
-      run_->work.training->chain != Training::InChain::kHead || !Active()) {
+      run_->work.training->phase() != Training::Phase::kChainHead ||
+      !Active()) {
     return;
   }
   Training& task = *run_->work.training;
@@ -210,12 +206,11 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
     return refuse("it trains no such round");
   }
   Training& task = *run_->work.training;
-  if (!task.trained || task.result == nullptr || task.result_header.failed()) {
+  if (!task.trained() || task.result == nullptr ||
+      task.result_header.failed()) {
     return refuse("it has no result for the round");
   }
-  if (task.submitted || task.uploading ||
-      task.chain == Training::InChain::kHead ||
-      task.chain == Training::InChain::kContributing) {
+  if (!task.CanJoinPartialSum()) {
     return refuse("its result is already on its way");
   }
   if (header.aggregator() != task.aggregator ||
@@ -242,7 +237,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitPartialHop(
   hop.onward.set_sample_count(header.sample_count() +
                               task.result_header.sample_count());
   admission.chain_hop = std::move(hop);
-  task.chain = Training::InChain::kContributing;
+  task.BecomeContributing();
   SetState(v1::SITE_STATE_SUBMITTING);
   if (task.ask_timer == 0) ScheduleAsk(run_->job->failover_timeout() / 2);
   return admission;
@@ -255,7 +250,7 @@ v1::Reply SiteMachine::OnPartialPassedOn(const v1::ModelHeader& header,
   const bool mine =
       run_->work.training.has_value() &&
       run_->work.training->round == header.round() &&
-      run_->work.training->chain == Training::InChain::kContributing;
+      run_->work.training->phase() == Training::Phase::kContributing;
   if (!status.ok()) {
     if (mine && Active()) {
       LeaveChain(absl::StrCat("passing the partial sum from ", header.sender(),
@@ -278,10 +273,7 @@ void SiteMachine::LeaveChain(const std::string& what, const absl::Status& why) {
   ReportError(absl::StrCat("round ", task.round, ": ", what,
                            "; submitting this site's result directly"),
               why);
-  task.chain = Training::InChain::kNo;
-  task.chain_until = absl::InfiniteFuture();
-  task.direct = true;
-  task.asking_since = now_;
+  task.LeaveChain(now_);
   SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
   AskToSubmit();
 }

@@ -90,7 +90,7 @@ void SiteMachine::BroadcastFinal(v1::ModelKind kind,
   if (targets.empty()) targets = run_->job->site_names();
   const uint64_t id = run_->next_broadcast++;
   then.kind = kind;
-  then.pending.insert(targets.begin(), targets.end());
+  for (const std::string& target : targets) then.answers.Expect(target);
   run_->work.broadcasts[id] = std::move(then);
   for (const std::string& target : targets) {
     PeerMessage message;
@@ -114,36 +114,30 @@ void SiteMachine::OnFinalDone(const Call& call, const event::CallDone& e) {
   if (it == run_->work.broadcasts.end()) return;
   const uint64_t id = it->first;
   Broadcast& broadcast = it->second;
-  broadcast.pending.erase(call.target);
-  if (status.ok()) {
-    broadcast.acked.insert(call.target);
-  } else if (broadcast.first_error.ok()) {
-    broadcast.first_error = absl::Status(
-        status.code(), absl::StrCat(call.target, ": ", status.message()));
-  }
   const bool last_then_best =
       broadcast.kind == v1::MODEL_KIND_LAST && broadcast.then_best;
-  if (last_then_best && status.ok()) {
-    if (broadcast.advanced) {
+  const FanOut::Noted noted =
+      broadcast.answers.NoteAnswer(call.target, status, last_then_best);
+  if (last_then_best && noted.counted && status.ok()) {
+    if (broadcast.answers.grace_ended()) {
       SendBest(broadcast, {call.target});  // A late one: BEST follows.
-    } else if (broadcast.acked.size() == 1 && !broadcast.pending.empty()) {
+    } else if (noted.start_grace) {
       Timer timer;
       timer.purpose = Timer::Purpose::kFinalGrace;
       timer.broadcast = id;
       SetTimer(now_ + run_->job->failover_timeout(), timer);
     }
   }
-  if (!broadcast.pending.empty()) return;
+  if (!broadcast.answers.done()) return;
   Broadcast done = std::move(broadcast);
   run_->work.broadcasts.erase(it);
-  if (!done.first_error.ok()) {
+  if (!done.answers.first_error().ok()) {
     ReportError(done.kind == v1::MODEL_KIND_LAST ? "distributing LAST"
                                                  : "distributing BEST",
-                done.first_error);
+                done.answers.first_error());
   }
-  if (last_then_best && !done.advanced) {
-    SendBest(done,
-             std::vector<std::string>(done.acked.begin(), done.acked.end()));
+  if (last_then_best && !done.answers.grace_ended()) {
+    SendBest(done, done.answers.AckedByName());
   }
 }
 
@@ -164,17 +158,18 @@ void SiteMachine::OnBestDeadline(uint32_t last_round) {
 
 void SiteMachine::OnFinalGrace(uint64_t id) {
   auto it = run_->work.broadcasts.find(id);
-  if (it == run_->work.broadcasts.end() || it->second.advanced) return;
+  if (it == run_->work.broadcasts.end() ||
+      !it->second.answers.EndGrace()) {
+    return;
+  }
   Broadcast& broadcast = it->second;
-  broadcast.advanced = true;
-  std::vector<std::string> waiting(broadcast.pending.begin(),
-                                   broadcast.pending.end());
+  std::vector<std::string> waiting(broadcast.answers.waiting().begin(),
+                                   broadcast.answers.waiting().end());
   SWARM_LOG_WARNING(
       "job %s: LAST not yet acknowledged by %s; BEST goes to the others now, "
       "to them when they acknowledge (retried for final_result_ack_timeout_ms)",
       run_->job->id(), absl::StrJoin(waiting, ","));
-  SendBest(broadcast, std::vector<std::string>(broadcast.acked.begin(),
-                                               broadcast.acked.end()));
+  SendBest(broadcast, broadcast.answers.AckedByName());
 }
 
 void SiteMachine::SendBest(const Broadcast& done,

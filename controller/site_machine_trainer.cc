@@ -55,14 +55,14 @@ void SiteMachine::ScatterRound(uint32_t round,
   // Phase 1: every trainer but the aggregator; their acknowledgements form
   // the round's expected set. Phase 2: the aggregator, with that set.
   for (const std::string& trainer : run_->job->trainers()) {
-    if (trainer != order[0]) scatter.waiting.insert(trainer);
+    if (trainer != order[0]) scatter.answers.Expect(trainer);
   }
-  if (scatter.waiting.empty()) return SendTaskToAggregator(scatter);
+  if (scatter.answers.done()) return SendTaskToAggregator(scatter);
   // With broadcast, one stream goes along the other sites, each forwarding
   // it to the next as it arrives; this site's own task stays a loopback.
   std::vector<std::string> chain;
   if (run_->job->config().broadcast_learn_tasks()) {
-    for (const std::string& trainer : scatter.waiting) {
+    for (const std::string& trainer : scatter.answers.waiting()) {
       if (trainer != options_.site) chain.push_back(trainer);
     }
     // Rotated by round, so that no one site is always the chain's head.
@@ -84,7 +84,7 @@ void SiteMachine::ScatterRound(uint32_t round,
     }
   }
   Scatter& stored = run_->work.scatters[round] = std::move(scatter);
-  for (const std::string& target : stored.waiting) {
+  for (const std::string& target : stored.answers.waiting()) {
     if (chain.empty() || target == options_.site) {
       SendTaskToTrainer(stored, target);
     }
@@ -209,29 +209,21 @@ void SiteMachine::NoteTaskToTrainer(uint32_t round, const std::string& target,
   auto it = run_->work.scatters.find(round);
   if (it == run_->work.scatters.end()) return;
   Scatter& scatter = it->second;
-  if (scatter.waiting.erase(target) == 0) return;
-  if (status.ok()) {
-    scatter.acked.push_back(target);
-  } else {
-    scatter.missed[target] = std::string(status.message());
-  }
-  const auto remote = [this](const std::string& site) {
-    return site != options_.site;
-  };
-  if (status.ok() && remote(target) && may_start_grace && !scatter.grace_set &&
-      !scatter.waiting.empty()) {
-    scatter.grace_set = true;
-    // The tasks stream in parallel: a trainer still silent a failover
-    // timeout after the first one acknowledged is down, frozen or cut off,
-    // and the round does not wait for it. Only another site's
-    // acknowledgement counts: this site's own comes at once, and a large
-    // model may take the others longer than a failover timeout to receive.
+  // The tasks stream in parallel: a trainer still silent a failover
+  // timeout after the first one acknowledged is down, frozen or cut off,
+  // and the round does not wait for it. Only another site's
+  // acknowledgement counts: this site's own comes at once, and a large
+  // model may take the others longer than a failover timeout to receive.
+  const FanOut::Noted noted = scatter.answers.NoteAnswer(
+      target, status, may_start_grace && target != options_.site);
+  if (!noted.counted) return;
+  if (noted.start_grace) {
     Timer timer;
     timer.purpose = Timer::Purpose::kScatterGrace;
     timer.round = round;
     SetTimer(now_ + run_->job->failover_timeout(), timer);
   }
-  if (!scatter.waiting.empty()) return;
+  if (!scatter.answers.done()) return;
   Scatter done = std::move(scatter);
   run_->work.scatters.erase(it);
   SendTaskToAggregator(done);
@@ -242,9 +234,8 @@ void SiteMachine::EndScatterWait(uint32_t round) {
   if (it == run_->work.scatters.end() || !Active()) return;
   Scatter done = std::move(it->second);
   run_->work.scatters.erase(it);
-  for (const std::string& trainer : done.waiting) {
-    done.missed[trainer] =
-        "no acknowledgement within failover_timeout_ms of the first one";
+  for (const std::string& trainer : done.answers.GiveUpWaiting(
+           "no acknowledgement within failover_timeout_ms of the first one")) {
     ReportError(absl::StrCat("round ", round, ": learn task to ", trainer,
                              " not acknowledged; not waiting for it"),
                 absl::DeadlineExceededError(
@@ -258,7 +249,7 @@ void SiteMachine::SendTaskToAggregator(const Scatter& scatter) {
   if (!Active()) return;
   const uint32_t round = scatter.header.round();
   Scatter& task = run_->work.aggregator_tasks[round] = scatter;
-  std::vector<std::string> expected = scatter.acked;
+  std::vector<std::string> expected = scatter.answers.acked();
   if (IsTrainer(scatter.header.aggregator())) {
     expected.push_back(scatter.header.aggregator());
   }
@@ -625,18 +616,8 @@ void SiteMachine::TakeOver(const v1::ModelHeader& header) {
     // This site's own result goes to itself now (again, if it went to the
     // aggregator given up on).
     Training& task = *run_->work.training;
-    task.aggregator = options_.site;
-    task.attempt = header.attempt();
-    task.task.set_aggregator(options_.site);
-    task.task.set_attempt(header.attempt());
-    task.submitted = false;
-    task.confirmed = absl::InfinitePast();
-    task.failures = 0;
-    task.failing_since = absl::InfiniteFuture();
-    task.lacking_since = absl::InfiniteFuture();
-    if (task.trained) {
-      task.result_header.set_aggregator(options_.site);
-      task.result_header.set_attempt(header.attempt());
+    task.FollowAggregator(options_.site, header.attempt());
+    if (task.trained()) {
       SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
       AskToSubmit();
     }
@@ -714,12 +695,11 @@ void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
 void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
   if (e.job_run != 0 && e.job_run != run_->id && Stale(0, 1)) return;
   if (!run_->work.training.has_value() ||
-      run_->work.training->round != e.round || run_->work.training->trained ||
+      run_->work.training->round != e.round || run_->work.training->trained() ||
       !Active()) {
     return;
   }
   Training& task = *run_->work.training;
-  task.trained = true;
   v1::ModelHeader& header = task.result_header;
   header = BaseHeader(v1::MODEL_KIND_RESULT, task.round);
   header.set_aggregator(task.aggregator);
@@ -752,7 +732,7 @@ void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
     // Out of privacy budget: it will not train again in this job.
     header.set_trainer_stopped(StoppedForJob(failed));
   }
-  task.asking_since = now_;
+  task.BecomeAsking(now_);
   SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
   AskToSubmit();
 }
@@ -784,12 +764,13 @@ void SiteMachine::AskToSubmit() {
     return;
   Training& task = *run_->work.training;
   task.ask_timer = 0;
-  if (task.chain == Training::InChain::kMember && now_ >= task.chain_until) {
+  if (task.phase() == Training::Phase::kChainMember &&
+      now_ >= task.chain_until()) {
     return LeaveChain(
         "no partial sum came through this site",
         absl::DeadlineExceededError("the reduction chain's wait ran out"));
   }
-  const bool probe = Probing(task);
+  const bool probe = task.Probing();
   if (probe && task.aggregator == options_.site) return;
   PeerMessage message;
   message.kind = CallKind::kRequestToSubmit;
@@ -799,7 +780,7 @@ void SiteMachine::AskToSubmit() {
   message.permission.set_probe(probe);
   // A result that cannot travel in a partial sum asks for a slot at once.
   message.permission.set_direct(
-      task.direct || task.result == nullptr || task.result_header.failed() ||
+      task.direct() || task.result == nullptr || task.result_header.failed() ||
       !CheckPartialSumLayout(task.result->specs()).ok());
   AddChain(&message.permission);
   message.timeout = run_->job->request_to_submit_message_timeout();
@@ -853,27 +834,15 @@ void SiteMachine::FailOver(const std::string& reason) {
               absl::UnavailableError(reason));
   NoteFailover(task.round, task.aggregator, backup, reason);
   run_->counters.set_failovers(run_->counters.failovers() + 1);
-  task.aggregator = backup;
-  task.attempt = next;
-  task.task.set_aggregator(backup);
-  task.task.set_attempt(next);
-  task.result_header.set_aggregator(backup);
-  task.result_header.set_attempt(next);
-  task.submitted = false;
-  task.confirmed = absl::InfinitePast();
-  task.failures = 0;
-  task.failing_since = absl::InfiniteFuture();
-  task.lacking_since = absl::InfiniteFuture();
-  // A chain to the aggregator given up on is over (its answer is ignored).
-  task.chain = Training::InChain::kNo;
-  task.chain_until = absl::InfiniteFuture();
-  task.direct = false;
-  task.uploading = false;
+  task.FollowAggregator(backup, next);
+  // A chain or an upload to the aggregator given up on is over (its answer
+  // is ignored).
+  task.AskAfresh();
   if (backup != options_.site) {
     run_->record.round_aggregator = backup;
     run_->record.attempt = next;
   }
-  if (task.trained) SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
+  if (task.trained()) SetState(v1::SITE_STATE_WAITING_FOR_PERMISSION);
   HandOff();
 }
 
@@ -905,7 +874,7 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
   task.handing_off = false;
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
-    if (task.trained && !task.submitted) return AskToSubmit();
+    if (task.trained() && !task.submitted()) return AskToSubmit();
     return ScheduleAsk(run_->job->failover_timeout() / 2);
   }
   if (status.code() == absl::StatusCode::kAlreadyExists && task.attempt > 0 &&
@@ -936,17 +905,7 @@ void SiteMachine::FailBack(const std::string& reason) {
   ReportError(absl::StrCat("round ", task.round, ": ", task.aggregator,
                            " declined the round; back to ", previous),
               absl::AlreadyExistsError(reason));
-  task.aggregator = previous;
-  task.attempt = back;
-  task.task.set_aggregator(previous);
-  task.task.set_attempt(back);
-  task.result_header.set_aggregator(previous);
-  task.result_header.set_attempt(back);
-  task.submitted = false;
-  task.confirmed = absl::InfinitePast();
-  task.failures = 0;
-  task.failing_since = absl::InfiniteFuture();
-  task.lacking_since = absl::InfiniteFuture();
+  task.FollowAggregator(previous, back);
   run_->record.round_aggregator = previous;
   run_->record.attempt = back;
   // Asked again after half a failover timeout: time for a link that was
@@ -965,7 +924,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
   Training& task = *run_->work.training;
   // A reply to a probe while this site now asks for a slot (or the other
   // way round) belongs to a chain of calls that has ended.
-  if (call.probe != Probing(task)) return;
+  if (call.probe != task.Probing()) return;
   if (!e.reply.ok()) {
     ReportError(absl::StrCat("round ", task.round, ": ",
                              call.probe ? "probing " : "asking ",
@@ -984,7 +943,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
   if (reply.outcome() == v1::OUTCOME_RETRY && reply.needs_learn_task()) {
     // Alive, but without this round's task (it never arrived, or it came
     // back from a restart): hand it over once that lasts.
-    task.submitted = false;
+    task.ResultLost();
     return OnAggregatorTrouble(absl::OkStatus());
   }
   task.lacking_since = absl::InfiniteFuture();
@@ -1000,15 +959,14 @@ void SiteMachine::OnPermissionReply(const Call& call,
   if (reply.outcome() == v1::OUTCOME_OK && reply.reduce_member()) {
     // The result is collected by the partial sum passing through here;
     // the aggregator is probed meanwhile.
-    task.chain = Training::InChain::kMember;
     const absl::Duration wait = absl::Milliseconds(reply.reduce_wait_ms());
-    task.chain_until = now_ + wait;
+    task.BecomeChainMember(now_ + wait);
     SetState(v1::SITE_STATE_SUBMITTING);
     return ScheduleAsk(std::min(wait, run_->job->failover_timeout() / 2));
   }
   if (reply.outcome() == v1::OUTCOME_OK) {
     SetState(v1::SITE_STATE_SUBMITTING);
-    task.uploading = true;
+    task.BecomeUploading();
     PeerMessage message;
     message.kind = CallKind::kSubmitResult;
     message.header = task.result_header;
@@ -1036,7 +994,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
     return;
   }
   const absl::Time give_up =
-      task.asking_since + run_->job->request_to_submit_max_wait();
+      task.asking_since() + run_->job->request_to_submit_max_wait();
   const absl::Duration wait = absl::Milliseconds(reply.retry_after_ms());
   if (now_ + wait > give_up) {
     ReportError(
@@ -1053,9 +1011,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
 void SiteMachine::ResultIsIn(Training& task) {
   // Kept until the round's outcome arrives; the aggregator is probed
   // meanwhile, so that its death moves the round to a backup.
-  task.submitted = true;
-  task.confirmed = now_;
-  task.chain = Training::InChain::kNo;
+  task.BecomeSubmitted(now_);
   SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
                                      : v1::SITE_STATE_GATHERING);
   if (task.aggregator != options_.site) {
@@ -1078,7 +1034,7 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
     return;
   }
   Training& task = *run_->work.training;
-  task.uploading = false;
+  task.UploadEnded();
   const absl::Status status = ReplyStatus(e);
   if (status.ok()) {
     SWARM_LOG_INFO("round %d: result submitted to %s", call.round, call.target);
