@@ -10,15 +10,12 @@
 namespace swarm {
 namespace {
 
-absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
-                                        const SiteRecord& site,
-                                        const v1::ModelHeader& header) {
-  const Lineage lineage = LineageFromProto(header.lineage());
-  // A site done on a chain that lost goes on with the winner's rounds.
-  const bool reopen =
-      site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value() &&
-      CompareChains(lineage, *site.final_lineage, header.round()) < 0;
-  if (IsTerminal(site.state) && !reopen) return JobEndedHere(site);
+// Whether `header` may come to `site` at all: a round of the job, the
+// aggregator the election chose, from the site that scatters the round (or
+// a trainer handing it over), to a trainer or the round's aggregator.
+absl::Status CheckLearnTaskSender(const JobView& job, const SiteRecord& site,
+                                  const v1::ModelHeader& header,
+                                  const Lineage& lineage) {
   const uint32_t round = header.round();
   if (!job.HasRound(round)) {
     return absl::InvalidArgumentError(
@@ -56,6 +53,48 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
         absl::StrCat("site ", site.self,
                      " is neither a trainer nor the round's aggregator"));
   }
+  return absl::OkStatus();
+}
+
+// A learn task of the round `site` holds already: a repeat, a takeover by
+// this site, or a note of another attempt (no body is received).
+Admitted HeldRoundVerdict(const SiteRecord& site,
+                          const v1::ModelHeader& header) {
+  const uint32_t round = header.round();
+  Admitted admitted;
+  admitted.receive_body = false;
+  if (header.attempt() == site.attempt &&
+      header.aggregator() == site.round_aggregator) {
+    admitted.task = TaskVerdict::kRepeat;
+    admitted.message =
+        absl::StrCat("learn task of round ", round, " already accepted");
+  } else if (header.attempt() > site.attempt &&
+             header.aggregator() == site.self) {
+    admitted.task = TaskVerdict::kTakeOver;
+    admitted.message = absl::StrCat("taking over round ", round, " at attempt ",
+                                    header.attempt());
+  } else {
+    admitted.task = TaskVerdict::kNoted;
+    admitted.message = absl::StrCat("round ", round, " at attempt ",
+                                    header.attempt(), " noted");
+  }
+  return admitted;
+}
+
+absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
+                                        const SiteRecord& site,
+                                        const v1::ModelHeader& header) {
+  const Lineage lineage = LineageFromProto(header.lineage());
+  // A site done on a chain that lost goes on with the winner's rounds.
+  const bool reopen =
+      site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value() &&
+      CompareChains(lineage, *site.final_lineage, header.round()) < 0;
+  if (IsTerminal(site.state) && !reopen) return JobEndedHere(site);
+  const uint32_t round = header.round();
+  if (absl::Status sender = CheckLearnTaskSender(job, site, header, lineage);
+      !sender.ok()) {
+    return sender;
+  }
   Admitted admitted;
   if (reopen) {
     admitted.task = TaskVerdict::kSwitch;
@@ -88,24 +127,7 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
         absl::StrCat("resume of round ", round, " refused: site ", site.self,
                      " did not restart; it holds that round's task"));
   }
-  // The round this site holds.
-  admitted.receive_body = false;
-  if (header.attempt() == site.attempt &&
-      header.aggregator() == site.round_aggregator) {
-    admitted.task = TaskVerdict::kRepeat;
-    admitted.message =
-        absl::StrCat("learn task of round ", round, " already accepted");
-  } else if (header.attempt() > site.attempt &&
-             header.aggregator() == site.self) {
-    admitted.task = TaskVerdict::kTakeOver;
-    admitted.message = absl::StrCat("taking over round ", round, " at attempt ",
-                                    header.attempt());
-  } else {
-    admitted.task = TaskVerdict::kNoted;
-    admitted.message = absl::StrCat("round ", round, " at attempt ",
-                                    header.attempt(), " noted");
-  }
-  return admitted;
+  return HeldRoundVerdict(site, header);
 }
 
 // Final models come only from senders this site knows itself: LAST from the
@@ -144,6 +166,10 @@ absl::Status CheckFinalRound(const JobView& job, const SiteRecord& site,
       header.best().present() ? absl::StrCat(header.best().metric()) : "none",
       ") meets no early-stop rule"));
 }
+
+absl::StatusOr<Admitted> AdmitFinalOfChain(const JobView& job,
+                                           const SiteRecord& site,
+                                           const v1::ModelHeader& header);
 
 absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
                                     const v1::ModelHeader& header) {
@@ -188,8 +214,15 @@ absl::StatusOr<Admitted> AdmitFinal(const JobView& job, const SiteRecord& site,
   if (!site.started) {
     return absl::FailedPreconditionError("the job has not started here");
   }
-  // Final models of a chain that lost to the one this site follows (or
-  // holds the finals of) are refused; a winning chain's replace them.
+  return AdmitFinalOfChain(job, site, header);
+}
+
+// A final model from a sender allowed to send it, to a site in the job:
+// refused when of a chain that lost to the one this site follows (or holds
+// the finals of); a winning chain's replace them.
+absl::StatusOr<Admitted> AdmitFinalOfChain(const JobView& job,
+                                           const SiteRecord& site,
+                                           const v1::ModelHeader& header) {
   const Lineage chain = LineageFromProto(header.lineage());
   if (site.last_task_round.has_value()) {
     uint32_t differs = 0;

@@ -105,11 +105,16 @@ struct PendingStart {
   RequestId request = 0;
   uint32_t round = 0;
 };
-// A round this site gathers: its attempt and chain, and when each trainer
-// was last heard from (a probe, a request, a result; InfiniteFuture while
-// it holds a slot). Trainers probe their aggregator every half failover
+// A round this site gathers, all in one place: its rules and aggregate
+// (AggregationRound, which owns the results), and what the machine keeps
+// beside them: its attempt and chain, when each trainer was last heard from
+// (a probe, a request, a result; InfiniteFuture while it holds a slot), its
+// deadline timer. Trainers probe their aggregator every half failover
 // timeout, so one silent for two failover timeouts is down or frozen.
-struct Gathering {
+struct RoundState {
+  std::unique_ptr<AggregationRound> round;  // Never null.
+  // When the round's deadline timer is armed for (InfinitePast: none).
+  absl::Time armed = absl::InfinitePast();
   uint32_t attempt = 0;
   Lineage lineage;
   bool handoff = false;
@@ -189,11 +194,8 @@ struct PendingFinal {
 // longer holds finds nothing and is dropped.
 struct Work {
   std::optional<Training> training;
-  // The rounds this site gathers.
-  std::map<uint32_t, std::unique_ptr<AggregationRound>> rounds;
-  // When each gathering round's deadline timer is armed for.
-  std::map<uint32_t, absl::Time> armed;
-  std::map<uint32_t, Gathering> gathering;
+  // The rounds this site gathers, then (closed) aggregates.
+  std::map<uint32_t, RoundState> rounds;
   std::map<uint32_t, Closing> aggregating;
   std::map<CallId, Call> calls;
   std::map<TimerId, Timer> timers;

@@ -115,6 +115,11 @@ void SiteMachine::JournalStateChange() {
   status_dirty_ = true;
 }
 
+void SiteMachine::SetIdleOrGathering() {
+  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
+                                     : v1::SITE_STATE_GATHERING);
+}
+
 void SiteMachine::SetState(v1::SiteState state) {
   if (IsTerminal(run_->record.state) && state != v1::SITE_STATE_CONFIGURED)
     return;
@@ -135,13 +140,14 @@ void SiteMachine::ReportError(absl::string_view what,
 void SiteMachine::DropRounds() {
   // What they counted stays in the site's counters; nothing of theirs is in
   // flight any more.
-  for (auto& [number, round] : run_->work.rounds) {
-    RoundCounters counted = round->counters();
+  for (auto& [number, gathered] : run_->work.rounds) {
+    RoundCounters counted = gathered.round->counters();
     counted.in_flight = 0;
     run_->closed_rounds.Add(counted);
     // Its aggregator removes its offload files as it goes: not here.
     out_.push_back(
-        effect::Release{std::shared_ptr<AggregationRound>(std::move(round))});
+        effect::Release{std::shared_ptr<AggregationRound>(
+            std::move(gathered.round))});
   }
   run_->work.rounds.clear();
 }
@@ -297,8 +303,8 @@ void SiteMachine::Reply(RequestId request, v1::Reply reply) {
 v1::SiteCounters SiteMachine::Counters() const {
   v1::SiteCounters counters = run_->counters;
   RoundCounters rounds = run_->closed_rounds;
-  for (const auto& [number, round] : run_->work.rounds)
-    rounds.Add(round->counters());
+  for (const auto& [number, gathered] : run_->work.rounds)
+    rounds.Add(gathered.round->counters());
   rounds.CopyTo(&counters);
   counters.set_stale_completions(stale_completions_);
   return counters;
@@ -765,9 +771,9 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
   run_->work.timers.erase(it);
   switch (timer.purpose) {
     case Timer::Purpose::kRoundDeadline: {
-      auto round = run_->work.rounds.find(timer.round);
-      if (round == run_->work.rounds.end()) return;
-      return OnRoundReport(timer.round, round->second->Check(now_));
+      RoundState* gathered = Gathered(timer.round);
+      if (gathered == nullptr) return;
+      return OnRoundReport(timer.round, gathered->round->Check(now_));
     }
     case Timer::Purpose::kHeldPermission: {
       auto held = run_->work.held.find(timer.request);

@@ -97,7 +97,7 @@ class SiteMachine {
   using Timer = site::Timer;
   using Scatter = site::Scatter;
   using PendingStart = site::PendingStart;
-  using Gathering = site::Gathering;
+  using RoundState = site::RoundState;
   using Training = site::Training;
   using Held = site::Held;
   using Broadcast = site::Broadcast;
@@ -141,6 +141,9 @@ class SiteMachine {
   bool Active() const;
   bool IsTrainer(absl::string_view site) const;
   void SetState(v1::SiteState state);
+  // The trainer's part of a round is over here: IDLE, or GATHERING while
+  // this site gathers a round.
+  void SetIdleOrGathering();
   // The round status shows: the last task's, else the job's first.
   uint32_t StatusRound() const;
   // Journals the state and round if either changed since the last entry.
@@ -193,8 +196,15 @@ class SiteMachine {
                          const absl::Status& status,
                          bool may_start_grace = true);
   PeerMessage TaskToTrainer(const Scatter& scatter) const;
+  // With broadcast_learn_tasks: the sites the round's learn task streams
+  // along, head first (empty: direct sends); marks `scatter`'s header when
+  // the aggregator's task follows the stream without a body.
+  std::vector<std::string> BroadcastChain(Scatter& scatter) const;
   void SendTaskToTrainer(const Scatter& scatter, const std::string& target);
   void OnTaskToAggregatorDone(const Call& call, const event::CallDone& e);
+  // The round's aggregator did not take its learn task (`status`): the task
+  // goes to the next backup, or the job fails here when there is none.
+  void PassTaskToBackup(const Call& call, const absl::Status& status);
   void SendAggregatorTask(uint32_t round);
   void EndScatterWait(uint32_t round);
   // At a learn task carrying `best`: keeps this site's copy of the best
@@ -205,6 +215,16 @@ class SiteMachine {
                     const std::string& to, const std::string& reason);
   v1::Reply AcceptLearnTask(const v1::ModelHeader& header,
                             std::shared_ptr<const Model> model);
+  // A learn task of the chain that wins over the one this site followed
+  // (TaskVerdict kSwitch): what it did on the losing one goes.
+  void SwitchToWinningChain(const v1::ModelHeader& header);
+  // An accepted learn task in the site's record (persisted when it tells a
+  // restarted daemon something new) and as the current global model.
+  void NoteLearnTask(const v1::ModelHeader& header,
+                     const std::shared_ptr<const Model>& model);
+  // This site trains on the round of learn task `header`.
+  void BeginTraining(const v1::ModelHeader& header,
+                     std::shared_ptr<const Model> model);
   // A learn task admitted without its body (TaskVerdict kRepeat, kTakeOver,
   // kNoted): what it changes here. An error refuses the task (a takeover
   // declined: DeclineTakeOver).
@@ -244,6 +264,9 @@ class SiteMachine {
   void FailBack(const std::string& reason);
   void AddChain(v1::SubmitPermissionRequest* ask) const;
   void OnPermissionReply(const Call& call, const event::CallDone& e);
+  // The aggregator's answer to a request for a slot (not a probe): upload,
+  // join a chain, ask again later, or give up.
+  void OnSlotReply(Training& task, const v1::SubmitPermissionReply& reply);
   // The aggregator has this site's result (an accepted upload or partial
   // sum, or it says so when asked again): keep it until the round's
   // outcome, probing the aggregator meanwhile.
@@ -279,6 +302,8 @@ class SiteMachine {
   void DropSilentTrainers(uint32_t round);
   void OnRoundReport(uint32_t round, const RoundReport& report);
   AggregationRound* GatheringRound(uint32_t round);
+  // The round `round` this site gathers, or null.
+  RoundState* Gathered(uint32_t round);
   // Whether a model of `bytes` is held the lean way (JobConfig
   // lean_memory_min_model_bytes; never without a job folder).
   bool LeanFor(uint64_t bytes) const;
@@ -305,6 +330,9 @@ class SiteMachine {
   // The answer to `ask` now (a RETRY may be held and asked again).
   v1::SubmitPermissionReply DecidePermission(
       const v1::SubmitPermissionRequest& ask);
+  // The answer to `ask` for a round this site does not gather.
+  v1::SubmitPermissionReply NotGatheredHere(
+      const v1::SubmitPermissionRequest& ask) const;
   void AnswerHeldRequests();
   void CloseRound(uint32_t round);
 

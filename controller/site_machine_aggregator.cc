@@ -18,7 +18,7 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
                             std::shared_ptr<const Model> base) {
   const uint32_t round = header.round();
   v1::ModelHeader task = header;
-  Gathering gathering;
+  RoundState gathering;
   gathering.attempt = header.attempt();
   gathering.lineage = LineageFromProto(header.lineage());
   gathering.handoff = header.handoff();
@@ -45,8 +45,8 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
     return Fail(absl::StrCat("round ", round, ": aggregator"), opened.status());
   }
   AggregationRound& open = **opened;
-  run_->work.rounds[round] = std::move(*opened);
-  run_->work.gathering[round] = std::move(gathering);
+  gathering.round = std::move(*opened);
+  run_->work.rounds[round] = std::move(gathering);
   {
     // Every live trainer probes its aggregator (and, after a failover,
     // comes forward to the backup) within a failover timeout.
@@ -60,30 +60,28 @@ void SiteMachine::OpenRound(const v1::ModelHeader& header,
 }
 
 void SiteMachine::DropSilentTrainers(uint32_t round) {
-  auto it = run_->work.rounds.find(round);
-  auto info = run_->work.gathering.find(round);
-  if (it == run_->work.rounds.end() || info == run_->work.gathering.end())
-    return;
+  RoundState* info = Gathered(round);
+  if (info == nullptr) return;
   const absl::Time silent_since = now_ - 2 * run_->job->failover_timeout();
   for (const std::string& trainer : run_->job->trainers()) {
     if (trainer == options_.site) continue;
-    auto heard = info->second.heard.find(trainer);
+    auto heard = info->heard.find(trainer);
     const absl::Time last =
-        heard == info->second.heard.end() ? info->second.opened : heard->second;
+        heard == info->heard.end() ? info->opened : heard->second;
     if (last > silent_since) continue;
-    if (it->second->DropTrainer(trainer, "silent: down or frozen", now_)) {
+    if (info->round->DropTrainer(trainer, "silent: down or frozen", now_)) {
       run_->counters.set_trainers_dropped(run_->counters.trainers_dropped() +
                                           1);
       ReportError(absl::StrCat("round ", round),
                   absl::UnavailableError(absl::StrCat(
                       "not waiting for ", trainer, ": not heard from for ",
                       absl::FormatDuration(now_ - last),
-                      info->second.handoff ? " (after the failover)" : "")));
+                      info->handoff ? " (after the failover)" : "")));
     }
   }
   PermissionMayChange();
-  OnRoundReport(round, it->second->Check(now_));
-  if (run_->work.rounds.count(round) > 0) {
+  OnRoundReport(round, info->round->Check(now_));
+  if (Gathered(round) != nullptr) {
     Timer timer;
     timer.purpose = Timer::Purpose::kComeForward;
     timer.round = round;
@@ -93,20 +91,23 @@ void SiteMachine::DropSilentTrainers(uint32_t round) {
 
 void SiteMachine::Heard(uint32_t round, const std::string& trainer,
                         absl::Time when) {
-  auto info = run_->work.gathering.find(round);
-  if (info != run_->work.gathering.end()) info->second.heard[trainer] = when;
+  if (RoundState* info = Gathered(round)) info->heard[trainer] = when;
+}
+
+SiteMachine::RoundState* SiteMachine::Gathered(uint32_t round) {
+  auto it = run_->work.rounds.find(round);
+  return it == run_->work.rounds.end() ? nullptr : &it->second;
 }
 
 std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
     uint32_t round, uint32_t asked_round, const std::string& sender,
     const google::protobuf::RepeatedPtrField<v1::RoundAttempt>& chain) {
-  auto info = run_->work.gathering.find(round);
-  if (info == run_->work.gathering.end() || asked_round != round)
-    return std::nullopt;
+  RoundState* info = Gathered(round);
+  if (info == nullptr || asked_round != round) return std::nullopt;
   const Lineage lineage = LineageFromProto(chain);
-  const int chains = CompareChains(lineage, info->second.lineage, round);
+  const int chains = CompareChains(lineage, info->lineage, round);
   if (chains == 0) {
-    absl::Time& heard = info->second.heard[sender];
+    absl::Time& heard = info->heard[sender];
     if (heard != absl::InfiniteFuture()) heard = now_;
     return std::nullopt;
   }
@@ -125,25 +126,21 @@ std::optional<v1::SubmitPermissionReply> SiteMachine::CheckChain(
     reply.set_message(absl::StrCat(
         "your learn task of round ", round, " is from a losing chain (",
         DescribeLineage(lineage), "); this site follows ",
-        DescribeLineage(info->second.lineage)));
+        DescribeLineage(info->lineage)));
   }
   return reply;
 }
 
 void SiteMachine::OnRoundReport(uint32_t round, const RoundReport& report) {
-  auto it = run_->work.rounds.find(round);
-  if (it == run_->work.rounds.end()) return;
+  RoundState* info = Gathered(round);
+  if (info == nullptr) return;
   if (!report.done) {
-    const absl::Time deadline = it->second->NextDeadline();
+    const absl::Time deadline = info->round->NextDeadline();
     if (deadline == absl::InfiniteFuture()) return;
-    auto armed = run_->work.armed.find(round);
     // A timer still to come by then looks again. Not the one firing now
     // (armed at `now_`): it is this very look.
-    if (armed != run_->work.armed.end() && armed->second <= deadline &&
-        armed->second > now_) {
-      return;
-    }
-    run_->work.armed[round] = deadline;
+    if (info->armed <= deadline && info->armed > now_) return;
+    info->armed = deadline;
     Timer timer;
     timer.purpose = Timer::Purpose::kRoundDeadline;
     timer.round = round;
@@ -155,14 +152,14 @@ void SiteMachine::OnRoundReport(uint32_t round, const RoundReport& report) {
 
 void SiteMachine::CloseRound(uint32_t number) {
   auto it = run_->work.rounds.find(number);
-  if (it->second->pending_adds() > 0) {
+  if (it->second.round->pending_adds() > 0) {
     // Over, but results are still being added: on once they are (every
     // accepted result is in the aggregate). An add is a pass over one
     // model, so this waits a bounded time.
-    run_->work.gathering[number].close_when_added = true;
+    it->second.close_when_added = true;
     return;
   }
-  const RoundReport report = it->second->Check(now_);
+  const RoundReport report = it->second.round->Check(now_);
   SWARM_LOG_INFO("round %d closed (%s): %d of %d results%s%s", number,
                  DoneReasonName(report.reason), report.responded,
                  report.expected, report.missing.empty() ? "" : "; missing: ",
@@ -172,11 +169,9 @@ void SiteMachine::CloseRound(uint32_t number) {
                 absl::DeadlineExceededError(absl::StrCat(
                     "no result from ", absl::StrJoin(report.missing, ","))));
   }
-  std::shared_ptr<AggregationRound> round = std::move(it->second);
+  RoundState gathering = std::move(it->second);
   run_->work.rounds.erase(it);
-  run_->work.armed.erase(number);
-  Gathering gathering = std::move(run_->work.gathering[number]);
-  run_->work.gathering.erase(number);
+  std::shared_ptr<AggregationRound> round = std::move(gathering.round);
   run_->closed_rounds.Add(round->counters());
   AggregationRound::Verdict verdict = round->Judge();
   if (verdict.base_is_new_best) {
@@ -317,11 +312,12 @@ void SiteMachine::GoOnAfter(uint32_t round, const Closing& closing,
 
 AggregationRound* SiteMachine::GatheringRound(uint32_t round) {
   auto it = run_->work.rounds.find(round);
-  if (it != run_->work.rounds.end()) return it->second.get();
+  if (it != run_->work.rounds.end()) return it->second.round.get();
   // Else the latest open one (it answers late and early requests by its
   // rules).
-  return run_->work.rounds.empty() ? nullptr
-                                   : run_->work.rounds.rbegin()->second.get();
+  return run_->work.rounds.empty()
+             ? nullptr
+             : run_->work.rounds.rbegin()->second.round.get();
 }
 
 bool SiteMachine::LeanFor(uint64_t bytes) const {
@@ -384,7 +380,7 @@ absl::StatusOr<ModelAdmission> SiteMachine::AdmitResult(
     NotePrivacy(header.privacy_spent());
     if (header.failed() && header.trainer_stopped() &&
         header.round() == round) {
-      run_->work.gathering[round].stopped.insert(header.sender());
+      Gathered(round)->stopped.insert(header.sender());
     }
   }
   // The upload starts on a slot already taken: a status change only. A
@@ -452,14 +448,14 @@ void SiteMachine::OnResultAdded(event::ResultAdded& e) {
                            absl::StrCat("round ", e.round, " was dropped ",
                                         "before the result was added")));
   }
-  AggregationRound& target = *it->second;
+  AggregationRound& target = *it->second.round;
   const AggregationRound::ResultEnd end =
       target.FinishResult(e.header, e.added, now_);
   Reply(e.request, EndResult(e.round, e.header, end));
-  auto gathering = run_->work.gathering.find(e.round);
-  if (gathering != run_->work.gathering.end() &&
-      gathering->second.close_when_added &&
-      run_->work.rounds.count(e.round) > 0 && target.pending_adds() == 0) {
+  // EndResult may have dropped the round (this site failed).
+  RoundState* info = Gathered(e.round);
+  if (info != nullptr && info->close_when_added &&
+      info->round->pending_adds() == 0) {
     CloseRound(e.round);
   }
 }
@@ -506,27 +502,7 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   const uint64_t retry_ms = run_->job->config().request_to_submit_interval_ms();
   AggregationRound* target = GatheringRound(ask.round());
   if (target == nullptr || (target->round() < ask.round())) {
-    // Not gathered here: ahead of this site, or a round it holds as a
-    // trainer only (it is a backup now): either way it lacks the task.
-    // Or this site went on along a chain that loses to the asker's (design
-    // section 6): it lacks the winning chain's task of that round, which
-    // the asker hands over (a "closed here" would leave the winning chain
-    // with no aggregator for the round).
-    const bool lacking =
-        !run_->record.last_task_round.has_value() ||
-        ask.round() > *run_->record.last_task_round ||
-        (ask.round() == *run_->record.last_task_round &&
-         run_->record.round_aggregator != options_.site &&
-         run_->work.aggregating.count(ask.round()) == 0) ||
-        CompareChains(LineageFromProto(ask.lineage()), run_->record.lineage,
-                      std::min(ask.round(), *run_->record.last_task_round)) < 0;
-    reply.set_outcome(lacking ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
-    reply.set_needs_learn_task(lacking);
-    reply.set_message(
-        lacking ? absl::StrCat("round ", ask.round(), " is not open here")
-                : absl::StrCat("round ", ask.round(), " is closed here"));
-    if (lacking) reply.set_retry_after_ms(retry_ms);
-    return reply;
+    return NotGatheredHere(ask);
   }
   const uint32_t round = target->round();
   if (std::optional<v1::SubmitPermissionReply> refused =
@@ -552,8 +528,7 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
     Heard(round, ask.sender(), now_);
     return reply;
   }
-  run_->work.gathering[round].chained.erase(
-      ask.sender());  // It asks on its own.
+  Gathered(round)->chained.erase(ask.sender());  // It asks on its own.
   if (ChainAsk(ask, *target)) {
     // Held with the others until the chain starts (MaybeLaunchChain).
     reply.set_outcome(v1::OUTCOME_RETRY);
@@ -575,6 +550,35 @@ v1::SubmitPermissionReply SiteMachine::DecidePermission(
   if (decision.code == PermissionCode::kGranted) Changed();
   if (decision.outcome == v1::OUTCOME_OK) Heard(round, ask.sender(), now_);
   OnRoundReport(round, permission.report);
+  return reply;
+}
+
+v1::SubmitPermissionReply SiteMachine::NotGatheredHere(
+    const v1::SubmitPermissionRequest& ask) const {
+  // Ahead of this site, or a round it holds as a trainer only (it is a
+  // backup now): either way it lacks the task. Or this site went on along a
+  // chain that loses to the asker's (design section 6): it lacks the
+  // winning chain's task of that round, which the asker hands over (a
+  // "closed here" would leave the winning chain with no aggregator for the
+  // round).
+  const bool lacking =
+      !run_->record.last_task_round.has_value() ||
+      ask.round() > *run_->record.last_task_round ||
+      (ask.round() == *run_->record.last_task_round &&
+       run_->record.round_aggregator != options_.site &&
+       run_->work.aggregating.count(ask.round()) == 0) ||
+      CompareChains(LineageFromProto(ask.lineage()), run_->record.lineage,
+                    std::min(ask.round(), *run_->record.last_task_round)) < 0;
+  v1::SubmitPermissionReply reply;
+  reply.set_outcome(lacking ? v1::OUTCOME_RETRY : v1::OUTCOME_REJECTED);
+  reply.set_needs_learn_task(lacking);
+  reply.set_message(
+      lacking ? absl::StrCat("round ", ask.round(), " is not open here")
+              : absl::StrCat("round ", ask.round(), " is closed here"));
+  if (lacking) {
+    reply.set_retry_after_ms(
+        run_->job->config().request_to_submit_interval_ms());
+  }
   return reply;
 }
 

@@ -52,7 +52,7 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
     }
   }
   if (waiting.empty()) return;
-  const std::set<std::string>& chained = run_->work.gathering[round].chained;
+  const std::set<std::string>& chained = Gathered(round)->chained;
   if (!now_or_never) {
     for (const std::string& trainer : target->IdleTrainers()) {
       if (trainer != options_.site && asking.count(trainer) == 0 &&
@@ -95,7 +95,7 @@ void SiteMachine::MaybeLaunchChain(uint32_t round, bool now_or_never) {
                                      ": the reduction chain from ", members[0],
                                      " passes through you"));
     }
-    run_->work.gathering[round].chained.insert(members[i]);
+    Gathered(round)->chained.insert(members[i]);
     Heard(round, members[i], now_);
     out_.push_back(effect::Reply{waiting[i], std::move(reply)});
     run_->work.held.erase(waiting[i]);

@@ -58,31 +58,7 @@ void SiteMachine::ScatterRound(uint32_t round,
     if (trainer != order[0]) scatter.answers.Expect(trainer);
   }
   if (scatter.answers.done()) return SendTaskToAggregator(scatter);
-  // With broadcast, one stream goes along the other sites, each forwarding
-  // it to the next as it arrives; this site's own task stays a loopback.
-  std::vector<std::string> chain;
-  if (run_->job->config().broadcast_learn_tasks()) {
-    for (const std::string& trainer : scatter.answers.waiting()) {
-      if (trainer != options_.site) chain.push_back(trainer);
-    }
-    // Rotated by round, so that no one site is always the chain's head.
-    if (!chain.empty()) {
-      std::rotate(chain.begin(), chain.begin() + round % chain.size(),
-                  chain.end());
-    }
-    // The aggregator last: it keeps its copy for its own task, which then
-    // goes without a body (it names the round's expected set, known only
-    // once the trainers answered), so this site's link carries the model
-    // about once.
-    if (!chain.empty() && order[0] != options_.site) {
-      chain.push_back(order[0]);
-      scatter.header.set_aggregator_task_follows(true);
-    }
-    if (chain.size() < 2) {
-      chain.clear();
-      scatter.header.clear_aggregator_task_follows();
-    }
-  }
+  const std::vector<std::string> chain = BroadcastChain(scatter);
   Scatter& stored = run_->work.scatters[round] = std::move(scatter);
   for (const std::string& target : stored.answers.waiting()) {
     if (chain.empty() || target == options_.site) {
@@ -106,6 +82,36 @@ void SiteMachine::ScatterRound(uint32_t round,
                    absl::StrJoin(chain, " -> "));
     Send(chain[0], std::move(message), std::move(call));
   }
+}
+
+std::vector<std::string> SiteMachine::BroadcastChain(Scatter& scatter) const {
+  // With broadcast, one stream goes along the other sites, each forwarding
+  // it to the next as it arrives; this site's own task stays a loopback.
+  std::vector<std::string> chain;
+  if (!run_->job->config().broadcast_learn_tasks()) return chain;
+  for (const std::string& trainer : scatter.answers.waiting()) {
+    if (trainer != options_.site) chain.push_back(trainer);
+  }
+  // Rotated by round, so that no one site is always the chain's head.
+  if (!chain.empty()) {
+    std::rotate(chain.begin(),
+                chain.begin() + scatter.header.round() % chain.size(),
+                chain.end());
+  }
+  // The aggregator last: it keeps its copy for its own task, which then
+  // goes without a body (it names the round's expected set, known only
+  // once the trainers answered), so this site's link carries the model
+  // about once.
+  const std::string& aggregator = scatter.header.aggregator();
+  if (!chain.empty() && aggregator != options_.site) {
+    chain.push_back(aggregator);
+    scatter.header.set_aggregator_task_follows(true);
+  }
+  if (chain.size() < 2) {
+    chain.clear();
+    scatter.header.clear_aggregator_task_follows();
+  }
+  return chain;
 }
 
 PeerMessage SiteMachine::TaskToTrainer(const Scatter& scatter) const {
@@ -413,7 +419,12 @@ void SiteMachine::OnTaskToAggregatorDone(const Call& call,
     }
     return;
   }
-  Scatter& task = it->second;
+  PassTaskToBackup(call, status);
+}
+
+void SiteMachine::PassTaskToBackup(const Call& call,
+                                   const absl::Status& status) {
+  Scatter& task = run_->work.aggregator_tasks.at(call.round);
   const uint32_t next = task.header.attempt() + 1;
   const std::string backup = run_->job->AggregatorAt(call.round, next);
   if (backup.empty()) {
@@ -463,20 +474,49 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
   }
   run_->work.held_task_copy.reset();
   NotePrivacy(header.privacy_spent());
-  if (admitted->task == TaskVerdict::kSwitch) {
-    DropLosingChain(header);
-    if (run_->record.state == v1::SITE_STATE_DONE) {
-      // Done on the losing chain: its final models go (the winner's will
-      // replace the files), and the site takes part again.
-      run_->record.state = v1::SITE_STATE_IDLE;
-      run_->finals.clear();
-      run_->record.final_rounds.clear();
-      run_->record.final_lineage.reset();
-      run_->end_reason.clear();
-    }
-  }
+  if (admitted->task == TaskVerdict::kSwitch) SwitchToWinningChain(header);
   const bool aggregate = header.aggregator() == options_.site;
-  const bool train = IsTrainer(options_.site);
+  NoteLearnTask(header, model);
+  // The outcome of the round this site trained before is known now: its
+  // kept result is no longer needed.
+  if (run_->work.training.has_value()) out_.push_back(effect::CancelTraining{});
+  run_->work.training.reset();
+  if (aggregate) {
+    if (header.attempt() > 0) {
+      run_->counters.set_rounds_taken_over(run_->counters.rounds_taken_over() +
+                                           1);
+    }
+    OpenRound(header, model);
+  }
+  if (IsTrainer(options_.site)) {
+    BeginTraining(header, model);
+  } else if (aggregate) {
+    SetState(v1::SITE_STATE_GATHERING);
+  }
+  SWARM_LOG_INFO("round %d: learn task from %s (aggregator %s%s%s)",
+                 header.round(), header.sender(), header.aggregator(),
+                 header.attempt() > 0
+                     ? absl::StrCat(" at attempt ", header.attempt())
+                     : std::string(),
+                 aggregate ? ", that is me" : "");
+  return MakeReply(v1::OUTCOME_OK, "learn task accepted");
+}
+
+void SiteMachine::SwitchToWinningChain(const v1::ModelHeader& header) {
+  DropLosingChain(header);
+  if (run_->record.state == v1::SITE_STATE_DONE) {
+    // Done on the losing chain: its final models go (the winner's will
+    // replace the files), and the site takes part again.
+    run_->record.state = v1::SITE_STATE_IDLE;
+    run_->finals.clear();
+    run_->record.final_rounds.clear();
+    run_->record.final_lineage.reset();
+    run_->end_reason.clear();
+  }
+}
+
+void SiteMachine::NoteLearnTask(const v1::ModelHeader& header,
+                                const std::shared_ptr<const Model>& model) {
   const bool first = !run_->record.last_task_round.has_value();
   run_->record.started = true;
   run_->record.last_task_round = header.round();
@@ -504,43 +544,27 @@ v1::Reply SiteMachine::AcceptLearnTask(const v1::ModelHeader& header,
     SWARM_LOG_INFO("round %d: rejoined the job after a restart",
                    header.round());
   }
-  // The outcome of the round this site trained before is known now: its
-  // kept result is no longer needed.
-  if (run_->work.training.has_value()) out_.push_back(effect::CancelTraining{});
-  run_->work.training.reset();
-  if (aggregate) {
-    if (header.attempt() > 0) {
-      run_->counters.set_rounds_taken_over(run_->counters.rounds_taken_over() +
-                                           1);
-    }
-    OpenRound(header, model);
+}
+
+void SiteMachine::BeginTraining(const v1::ModelHeader& header,
+                                std::shared_ptr<const Model> model) {
+  Training& task = run_->work.training.emplace();
+  task.id = run_->next_training++;
+  task.round = header.round();
+  task.global = model;
+  task.task = header;
+  task.task.clear_expected_trainers();
+  task.aggregator = header.aggregator();
+  task.attempt = header.attempt();
+  SetState(v1::SITE_STATE_TRAINING);
+  out_.push_back(effect::StartTraining{header.round(), std::move(model),
+                                       run_->job->config().send_weight_diff(),
+                                       run_->id});
+  // Watch the aggregator while training, so that its death moves the
+  // round to a backup before this site's result is ready.
+  if (header.aggregator() != options_.site) {
+    ScheduleAsk(run_->job->failover_timeout() / 2);
   }
-  if (train) {
-    run_->work.training.emplace();
-    run_->work.training->id = run_->next_training++;
-    run_->work.training->round = header.round();
-    run_->work.training->global = model;
-    run_->work.training->task = header;
-    run_->work.training->task.clear_expected_trainers();
-    run_->work.training->aggregator = header.aggregator();
-    run_->work.training->attempt = header.attempt();
-    SetState(v1::SITE_STATE_TRAINING);
-    out_.push_back(effect::StartTraining{header.round(), model,
-                                         run_->job->config().send_weight_diff(),
-                                         run_->id});
-    // Watch the aggregator while training, so that its death moves the
-    // round to a backup before this site's result is ready.
-    if (!aggregate) ScheduleAsk(run_->job->failover_timeout() / 2);
-  } else if (aggregate) {
-    SetState(v1::SITE_STATE_GATHERING);
-  }
-  SWARM_LOG_INFO("round %d: learn task from %s (aggregator %s%s%s)",
-                 header.round(), header.sender(), header.aggregator(),
-                 header.attempt() > 0
-                     ? absl::StrCat(" at attempt ", header.attempt())
-                     : std::string(),
-                 aggregate ? ", that is me" : "");
-  return MakeReply(v1::OUTCOME_OK, "learn task accepted");
 }
 
 absl::StatusOr<ModelAdmission> SiteMachine::AcceptHeldTask(
@@ -684,8 +708,6 @@ void SiteMachine::DropLosingChain(const v1::ModelHeader& winner) {
                                              " round(s) this site gathered")
                               : std::string())));
   DropRounds();
-  run_->work.gathering.clear();
-  run_->work.armed.clear();
   run_->work.aggregating.clear();
   run_->work.aggregator_tasks.clear();
   run_->work.scatters.clear();
@@ -894,8 +916,7 @@ void SiteMachine::OnHandoffDone(const Call& call, const event::CallDone& e) {
                    " refused the handoff; this site's result is ", "left out"),
       status);
   run_->work.training.reset();
-  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
-                                     : v1::SITE_STATE_GATHERING);
+  SetIdleOrGathering();
 }
 
 void SiteMachine::FailBack(const std::string& reason) {
@@ -953,6 +974,11 @@ void SiteMachine::OnPermissionReply(const Call& call,
     // outcome is on its way). Look again later.
     return ScheduleAsk(run_->job->failover_timeout() / 2);
   }
+  OnSlotReply(task, reply);
+}
+
+void SiteMachine::OnSlotReply(Training& task,
+                              const v1::SubmitPermissionReply& reply) {
   if (reply.outcome() == v1::OUTCOME_OK && reply.reduce_to_size() > 0) {
     return StartChain(reply);
   }
@@ -989,8 +1015,7 @@ void SiteMachine::OnPermissionReply(const Call& call,
                              task.aggregator, " refused the submission"),
                 absl::FailedPreconditionError(reply.message()));
     run_->work.training.reset();
-    SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
-                                       : v1::SITE_STATE_GATHERING);
+    SetIdleOrGathering();
     return;
   }
   const absl::Time give_up =
@@ -1012,8 +1037,7 @@ void SiteMachine::ResultIsIn(Training& task) {
   // Kept until the round's outcome arrives; the aggregator is probed
   // meanwhile, so that its death moves the round to a backup.
   task.BecomeSubmitted(now_);
-  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
-                                     : v1::SITE_STATE_GATHERING);
+  SetIdleOrGathering();
   if (task.aggregator != options_.site) {
     ScheduleAsk(run_->job->failover_timeout() / 2);
     return;
@@ -1059,8 +1083,7 @@ void SiteMachine::OnSubmitDone(const Call& call, const event::CallDone& e) {
     return ScheduleAsk(run_->job->request_to_submit_interval());
   }
   run_->work.training.reset();
-  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
-                                     : v1::SITE_STATE_GATHERING);
+  SetIdleOrGathering();
 }
 
 }  // namespace swarm
