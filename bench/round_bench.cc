@@ -11,6 +11,10 @@
 //               [--variant star[,broadcast][,chain][,broadcast+chain]
 //                          [,momentum][,adam]]
 //               [--tensors 2304MiB,512MiB,256MiB] [--offload]
+//               [--lean-min-bytes N]
+//
+// --lean-min-bytes sets the job's lean_memory_min_model_bytes (0: every
+// model is held the lean way, as a file mapping; default 128 MiB).
 //
 // Every result line prints sent_mib_per_round: the model bytes all sites
 // sent to peers (their round histories' bytes_sent), per round, final
@@ -238,6 +242,8 @@ struct Options {
   std::vector<uint64_t> tensor_bytes;
   // Sets the job's disk_offload.
   bool offload = false;
+  // Set (>= 0): the job's lean_memory_min_model_bytes.
+  int64_t lean_min_bytes = -1;
 };
 
 // On loopback, models of at least this size get the job's liveness
@@ -1001,6 +1007,10 @@ absl::StatusOr<SizeResult> RunSize(const Options& options, int sites) {
       job.set_max_concurrent_submissions(options.max_concurrent);
     }
     if (options.offload) job.set_disk_offload(true);
+    if (options.lean_min_bytes >= 0) {
+      job.set_lean_memory_min_model_bytes(
+          static_cast<uint64_t>(options.lean_min_bytes));
+    }
     if (options.link_mbit > 0 ||
         options.model_bytes >= kLoopbackScaledTimeoutsMinBytes) {
       const LinkTimeouts timeouts = TimeoutsForLink(options, sites);
@@ -1310,6 +1320,12 @@ int Run(int argc, char** argv) {
       options.model_bytes = total;
     } else if (arg == "--offload") {
       options.offload = true;
+    } else if (arg == "--lean-min-bytes") {
+      if (!absl::SimpleAtoi(value(), &options.lean_min_bytes) ||
+          options.lean_min_bytes < 0) {
+        std::fprintf(stderr, "round_bench: bad --lean-min-bytes (>= 0)\n");
+        return 2;
+      }
     } else if (arg == "--insecure") {
       options.insecure = true;
     } else if (arg == "--scrape-hz") {
@@ -1346,7 +1362,7 @@ int Run(int argc, char** argv) {
                    "[--rounds 20] [--max-concurrent N] [--insecure] "
                    "[--keep] [--scrape-hz HZ] [--model-size 1KiB] "
                    "[--link-mbit N] [--variant %s[,...]] "
-                   "[--tensors SIZE,SIZE,...] [--offload]\n",
+                   "[--tensors SIZE,SIZE,...] [--offload] [--lean-min-bytes N]\n",
                    VariantNames().c_str());
       return 2;
     }

@@ -369,6 +369,11 @@ absl::StatusOr<std::string> ModelSigner::Sign(
   SWARM_RETURN_IF_ERROR(CheckStreamDigest(header, stream_digest));
   SWARM_ASSIGN_OR_RETURN(const std::string message,
                          ModelSignatureMessage(header, stream_digest));
+  return SignBytes(message, Describe(header));
+}
+
+absl::StatusOr<std::string> ModelSigner::SignBytes(
+    absl::string_view message, absl::string_view what) const {
   Owned<EVP_MD_CTX> context(EVP_MD_CTX_new());
   EVP_PKEY_CTX* key_context = nullptr;  // Owned by `context`.
   size_t size = 0;
@@ -392,8 +397,7 @@ absl::StatusOr<std::string> ModelSigner::Sign(
   }
   const std::string detail = DrainOpenSslErrors();
   if (!ok) {
-    return absl::InternalError(
-        absl::StrCat("signing ", Describe(header), ": ", detail));
+    return absl::InternalError(absl::StrCat("signing ", what, ": ", detail));
   }
   return signature;
 }
@@ -509,22 +513,38 @@ absl::Status ModelSignatureVerifier::Verify(
         absl::StrCat(Describe(header), " carries no digest signature"));
   }
   SWARM_RETURN_IF_ERROR(CheckStreamDigest(header, stream_digest));
+  return VerifyBytes(
+      [&] { return ModelSignatureMessage(header, stream_digest); }, signature,
+      signer_certificate_pem, header.sender(), Describe(header),
+      absl::StrCat("the model or its header was altered after ",
+                   header.sender(), " signed it"));
+}
+
+absl::Status ModelSignatureVerifier::VerifyBytes(
+    const std::function<absl::StatusOr<std::string>()>& message,
+    absl::string_view signature, absl::string_view signer_certificate_pem,
+    absl::string_view claimed_signer, absl::string_view what,
+    absl::string_view forged) const {
+  if (signature.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " carries no signature"));
+  }
   Owned<X509> cert = CertFromPem(signer_certificate_pem);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "certificate of the signer of ", Describe(header),
+        "certificate of the signer of ", what,
         signer_certificate_pem.empty() ? " is missing"
                                        : " is not a PEM certificate"));
   }
   SWARM_RETURN_IF_ERROR(
-      CheckSigner(state_->store.get(), cert.get(), header.sender()));
+      CheckSigner(state_->store.get(), cert.get(), claimed_signer));
   const EVP_PKEY* key = X509_get0_pubkey(cert.get());
   if (key == nullptr || !IsSupportedKey(key)) {
     DrainOpenSslErrors();
     return absl::InvalidArgumentError(absl::StrCat(
-        "certificate of ", header.sender(), " holds a ",
+        "certificate of ", claimed_signer, " holds a ",
         key == nullptr ? "unreadable" : EVP_PKEY_get0_type_name(key),
-        " key; model signatures use EC or RSA keys"));
+        " key; signatures use EC or RSA keys"));
   }
   // A malformed signature is bad input, not a forgery: say which.
   const auto* signature_bytes =
@@ -536,15 +556,14 @@ absl::Status ModelSignatureVerifier::Verify(
     DrainOpenSslErrors();
     if (parsed == nullptr || cursor != signature_bytes + signature.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "signature of ", Describe(header), " is not a DER ECDSA signature"));
+          "signature of ", what, " is not a DER ECDSA signature"));
     }
   } else if (signature.size() != static_cast<size_t>(EVP_PKEY_get_size(key))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "signature of ", Describe(header), " is ", signature.size(),
+        "signature of ", what, " is ", signature.size(),
         " bytes; an RSA signature with this key is ", EVP_PKEY_get_size(key)));
   }
-  SWARM_ASSIGN_OR_RETURN(const std::string message,
-                         ModelSignatureMessage(header, stream_digest));
+  SWARM_ASSIGN_OR_RETURN(const std::string signed_bytes, message());
   Owned<EVP_MD_CTX> context(EVP_MD_CTX_new());
   EVP_PKEY_CTX* key_context = nullptr;  // Owned by `context`.
   // EVP_DigestVerifyInit takes a non-const key but does not change it.
@@ -553,18 +572,17 @@ absl::Status ModelSignatureVerifier::Verify(
       EVP_DigestVerifyInit(context.get(), &key_context, EVP_sha256(), nullptr,
                            mutable_key) != 1 ||
       !ConfigureSignature(key, key_context)) {
-    return absl::InternalError(absl::StrCat("verifying ", Describe(header),
-                                            ": ", DrainOpenSslErrors()));
+    return absl::InternalError(
+        absl::StrCat("verifying ", what, ": ", DrainOpenSslErrors()));
   }
   const int verified = EVP_DigestVerify(
       context.get(), signature_bytes, signature.size(),
-      reinterpret_cast<const unsigned char*>(message.data()), message.size());
+      reinterpret_cast<const unsigned char*>(signed_bytes.data()),
+      signed_bytes.size());
   DrainOpenSslErrors();
   if (verified != 1) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "signature of ", Describe(header),
-        " does not verify: the model or its header was altered after ",
-        header.sender(), " signed it"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("signature of ", what, " does not verify: ", forged));
   }
   return absl::OkStatus();
 }

@@ -48,6 +48,7 @@
 #ifndef SWARM_SECURITY_MODEL_SIGNATURE_H_
 #define SWARM_SECURITY_MODEL_SIGNATURE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -97,6 +98,14 @@ class ModelSigner {
   absl::StatusOr<std::string> Sign(const v1::ModelHeader& header,
                                    absl::string_view stream_digest) const;
 
+  // The signature over `message` (SHA-256, as Sign), for other signed
+  // messages of this site (security/secagg_keys.h). REQUIRES: `message`
+  // starts with a domain string of its own purpose, so that a signature
+  // made for one purpose is never taken for another. `what` names the
+  // message in errors.
+  absl::StatusOr<std::string> SignBytes(absl::string_view message,
+                                        absl::string_view what) const;
+
  private:
   struct State;
   explicit ModelSigner(std::shared_ptr<const State> state);
@@ -145,6 +154,16 @@ class ModelSignatureVerifier {
     return Verify(header, stream_digest, header.digest_signature(),
                   header.signer_certificate_pem());
   }
+
+  // A SignBytes signature: the certificate as VerifySigner(cert,
+  // claimed_signer), then `signature` over `message()` (asked for only once
+  // the certificate passed). Errors name `what`; a signature that does not
+  // verify is PermissionDenied ending with `forged`.
+  absl::Status VerifyBytes(
+      const std::function<absl::StatusOr<std::string>()>& message,
+      absl::string_view signature, absl::string_view signer_certificate_pem,
+      absl::string_view claimed_signer, absl::string_view what,
+      absl::string_view forged) const;
 
  private:
   struct State;
