@@ -9,6 +9,7 @@
 #include <openssl/ec.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
@@ -29,6 +30,10 @@ struct OpenSslDeleter {
   void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
   void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
   void operator()(ECDSA_SIG* p) const { ECDSA_SIG_free(p); }
+  void operator()(EVP_PKEY_CTX* p) const { EVP_PKEY_CTX_free(p); }
+  void operator()(EVP_CIPHER_CTX* p) const { EVP_CIPHER_CTX_free(p); }
+  void operator()(EVP_KDF* p) const { EVP_KDF_free(p); }
+  void operator()(EVP_KDF_CTX* p) const { EVP_KDF_CTX_free(p); }
 };
 
 // An OpenSSL object freed with its own free function.

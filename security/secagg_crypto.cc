@@ -16,15 +16,6 @@
 namespace swarm::security {
 namespace {
 
-struct KdfDeleter {
-  void operator()(EVP_KDF* p) const { EVP_KDF_free(p); }
-  void operator()(EVP_KDF_CTX* p) const { EVP_KDF_CTX_free(p); }
-  void operator()(EVP_PKEY_CTX* p) const { EVP_PKEY_CTX_free(p); }
-  void operator()(EVP_CIPHER_CTX* p) const { EVP_CIPHER_CTX_free(p); }
-};
-template <typename T>
-using OwnedKdf = std::unique_ptr<T, KdfDeleter>;
-
 absl::Status OpenSslError(absl::string_view what) {
   return absl::InternalError(
       absl::StrCat(what, " failed: ", DrainOpenSslErrors()));
@@ -82,19 +73,22 @@ absl::StatusOr<AgreementKey> AgreementKey::FromPrivateKey(
 }
 
 std::string AgreementKey::private_key() const {
-  std::string raw(kKeyBytes, '\0');
-  size_t length = raw.size();
-  EVP_PKEY_get_raw_private_key(
-      key_->pkey.get(), reinterpret_cast<unsigned char*>(raw.data()), &length);
-  raw.resize(length);
-  return raw;
+  return RawKey(/*private_half=*/true);
 }
 
 std::string AgreementKey::public_key() const {
+  return RawKey(/*private_half=*/false);
+}
+
+std::string AgreementKey::RawKey(bool private_half) const {
   std::string raw(kKeyBytes, '\0');
   size_t length = raw.size();
-  EVP_PKEY_get_raw_public_key(
-      key_->pkey.get(), reinterpret_cast<unsigned char*>(raw.data()), &length);
+  auto* out = reinterpret_cast<unsigned char*>(raw.data());
+  if (private_half) {
+    EVP_PKEY_get_raw_private_key(key_->pkey.get(), out, &length);
+  } else {
+    EVP_PKEY_get_raw_public_key(key_->pkey.get(), out, &length);
+  }
   raw.resize(length);
   return raw;
 }
@@ -111,7 +105,7 @@ absl::StatusOr<secagg::Seed> AgreementKey::PairSeed(
       reinterpret_cast<const unsigned char*>(peer_public_key.data()),
       peer_public_key.size()));
   if (peer == nullptr) return OpenSslError("loading the peer's X25519 key");
-  OwnedKdf<EVP_PKEY_CTX> derive(EVP_PKEY_CTX_new(key_->pkey.get(), nullptr));
+  Owned<EVP_PKEY_CTX> derive(EVP_PKEY_CTX_new(key_->pkey.get(), nullptr));
   std::array<unsigned char, kKeyBytes> shared{};
   size_t length = shared.size();
   if (derive == nullptr || EVP_PKEY_derive_init(derive.get()) != 1 ||
@@ -147,9 +141,9 @@ absl::StatusOr<secagg::Seed> AgreementKey::PairSeed(
 absl::StatusOr<std::string> HkdfSha256(absl::string_view key,
                                        absl::string_view salt,
                                        absl::string_view info, size_t length) {
-  OwnedKdf<EVP_KDF> kdf(EVP_KDF_fetch(nullptr, "HKDF", nullptr));
+  Owned<EVP_KDF> kdf(EVP_KDF_fetch(nullptr, "HKDF", nullptr));
   if (kdf == nullptr) return OpenSslError("fetching HKDF");
-  OwnedKdf<EVP_KDF_CTX> context(EVP_KDF_CTX_new(kdf.get()));
+  Owned<EVP_KDF_CTX> context(EVP_KDF_CTX_new(kdf.get()));
   if (context == nullptr) return OpenSslError("HKDF context");
   OSSL_PARAM params[5];
   OSSL_PARAM* p = params;
@@ -181,7 +175,7 @@ absl::Status AesCtrXor(absl::string_view key, absl::string_view iv,
     return absl::InvalidArgumentError(
         "AES-256-CTR takes a 32-byte key and a 16-byte counter block");
   }
-  OwnedKdf<EVP_CIPHER_CTX> cipher(EVP_CIPHER_CTX_new());
+  Owned<EVP_CIPHER_CTX> cipher(EVP_CIPHER_CTX_new());
   if (cipher == nullptr ||
       EVP_EncryptInit_ex(cipher.get(), EVP_aes_256_ctr(), nullptr,
                          reinterpret_cast<const unsigned char*>(key.data()),
@@ -210,7 +204,7 @@ void AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
   for (int i = 0; i < 8; ++i) {
     counter[15 - i] = static_cast<unsigned char>((block >> (8 * i)) & 0xFF);
   }
-  OwnedKdf<EVP_CIPHER_CTX> cipher(EVP_CIPHER_CTX_new());
+  Owned<EVP_CIPHER_CTX> cipher(EVP_CIPHER_CTX_new());
   // Failures here are of the library itself (allocation): nothing to
   // recover; the values are left untouched and the unmasked sum will not
   // decode, which the caller's checks catch.

@@ -56,6 +56,8 @@ class AgreementKey {
  private:
   struct Key;
   explicit AgreementKey(std::unique_ptr<Key> key);
+  // One half of the key pair, raw.
+  std::string RawKey(bool private_half) const;
   std::unique_ptr<Key> key_;
 };
 
