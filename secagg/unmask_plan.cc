@@ -69,6 +69,7 @@ absl::StatusOr<Unmasking> PlanUnmasking(
   for (const std::string& counted : request.counted) {
     auto answer = by_sender.find(counted);
     for (const std::string& dropped : request.dropped) {
+      if (request.adjacent && !request.adjacent(counted, dropped)) continue;
       const bool known = answer != by_sender.end() &&
                          answer->second->pair_seeds.count(dropped) > 0;
       if (!known) {

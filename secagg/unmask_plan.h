@@ -45,6 +45,9 @@ struct UnmaskRequest {
   // upload carried a commitment); false fails the plan naming the trainer.
   std::function<bool(const std::string& trainer, const Seed& seed)>
       check_self_seed;
+  // Whether two trainers are neighbours (mask with each other:
+  // secagg/neighbours.h); empty: every pair is (the complete graph).
+  std::function<bool(const std::string& a, const std::string& b)> adjacent;
 };
 
 absl::StatusOr<Unmasking> PlanUnmasking(
