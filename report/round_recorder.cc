@@ -90,32 +90,7 @@ void RoundRecorder::CloseRound(Job* job, v1::RoundRecord* record,
       Growth(traffic.received, job->round_traffic.received));
 }
 
-void RoundRecorder::Observe(const v1::StatusReply& reply, absl::Time now,
-                            Traffic traffic) {
-  const v1::SiteStatus& s = reply.status();
-  if (s.job_id().empty()) return;
-  absl::MutexLock lock(&mu_);
-  site_ = s.site();
-  Job* job = JobFor(s.job_id());
-  const v1::SiteState state = s.state();
-  const bool round_state =
-      state != v1::SITE_STATE_IDLE && PhaseOf(state, true) != nullptr;
-  const bool changed =
-      !job->seen || state != job->state || s.round() != job->state_round;
-
-  // The phase that just ended.
-  if (job->seen && changed) {
-    if (const char* phase = PhaseOf(job->state, job->running)) {
-      AddPhase(Record(job, job->state_round), phase, now - job->state_since);
-    }
-  }
-  if (changed) {
-    job->state = state;
-    job->state_round = s.round();
-    job->state_since = now;
-  }
-
-  // What the counters grew by, credited to the round of the status before.
+void RoundRecorder::CreditCounters(Job* job, const v1::SiteStatus& s) {
   const v1::SiteCounters& c = s.counters();
   const v1::SiteCounters& before = job->last.counters();
   const uint32_t credit_round = job->seen ? job->last.round() : s.round();
@@ -153,9 +128,12 @@ void RoundRecorder::Observe(const v1::StatusReply& reply, absl::Time now,
     r->set_discarded_aggregates(r->discarded_aggregates() + discarded);
     r->set_rejoins(r->rejoins() + rejoins);
   }
+}
 
-  // The round under way: from its first status to the next round's, or to
-  // the end of the job.
+void RoundRecorder::TrackOpenRound(Job* job, const v1::SiteStatus& s,
+                                   bool round_state, absl::Time now,
+                                   Traffic traffic) {
+  const v1::SiteState state = s.state();
   if (round_state) job->running = true;
   if (round_state && job->open_round != s.round()) {
     if (job->open_round.has_value()) {
@@ -176,6 +154,38 @@ void RoundRecorder::Observe(const v1::StatusReply& reply, absl::Time now,
     }
     job->open_round.reset();
   }
+}
+
+void RoundRecorder::Observe(const v1::StatusReply& reply, absl::Time now,
+                            Traffic traffic) {
+  const v1::SiteStatus& s = reply.status();
+  if (s.job_id().empty()) return;
+  absl::MutexLock lock(&mu_);
+  site_ = s.site();
+  Job* job = JobFor(s.job_id());
+  const v1::SiteState state = s.state();
+  const bool round_state =
+      state != v1::SITE_STATE_IDLE && PhaseOf(state, true) != nullptr;
+  const bool changed =
+      !job->seen || state != job->state || s.round() != job->state_round;
+
+  // The phase that just ended.
+  if (job->seen && changed) {
+    if (const char* phase = PhaseOf(job->state, job->running)) {
+      AddPhase(Record(job, job->state_round), phase, now - job->state_since);
+    }
+  }
+  if (changed) {
+    job->state = state;
+    job->state_round = s.round();
+    job->state_since = now;
+  }
+
+  // What the counters grew by, credited to the round of the status before.
+  CreditCounters(job, s);
+  // The round under way: from its first status to the next round's, or to
+  // the end of the job.
+  TrackOpenRound(job, s, round_state, now, traffic);
 
   // What the status says of its round.
   if (round_state || (state == v1::SITE_STATE_IDLE && job->running)) {

@@ -83,6 +83,15 @@ class RoundRecorder {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void CloseRound(Job* job, v1::RoundRecord* record, absl::Time now,
                          Traffic traffic);
+  // Credits what the counters of `s` grew by since the status before to
+  // that status's round.
+  void CreditCounters(Job* job, const v1::SiteStatus& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the round of `s` when it is a new one in a round state (closing
+  // the one before), or closes the open round when the job ended.
+  void TrackOpenRound(Job* job, const v1::SiteStatus& s, bool round_state,
+                      absl::Time now, Traffic traffic)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_jobs_;
   const int max_rounds_;
