@@ -409,6 +409,122 @@ class Observability {
   std::string job_;  // Used by the watcher's thread only.
 };
 
+// The site's learner, wrapped by its privacy accountant. Errors are ready
+// to log (and exit 2 on).
+absl::StatusOr<SiteLearners> CreatePrivateLearner(
+    const v1::SiteConfig& config, const std::string& config_path) {
+  absl::StatusOr<SiteLearners> learners = CreateLearner(config);
+  if (!learners.ok()) {
+    return absl::Status(learners.status().code(),
+                        absl::StrCat("learner: ", learners.status().message()));
+  }
+  // The site's privacy accountant wraps whatever learner trains
+  // (docs/privacy.md).
+  if (absl::Status policy = privacy::ValidatePolicy(config.privacy());
+      !policy.ok()) {
+    return absl::Status(policy.code(), absl::StrCat("site config ", config_path,
+                                                    ": ", policy.message()));
+  }
+  learners->learner = std::make_unique<privacy::PrivateLearner>(
+      std::move(learners->learner), config.privacy(),
+      persist::Workspace(config.workspace()), config.name(),
+      std::map<std::string, std::string>(config.learner().params().begin(),
+                                         config.learner().params().end()));
+  return learners;
+}
+
+// A restart: the job this site was in comes back from the workspace, and
+// the site rejoins at the next learn task (or `swarmctl resume`).
+void ReloadJob(SiteDriver* controller, const std::string& workspace) {
+  absl::StatusOr<std::string> recovered = controller->RecoverJob();
+  if (!recovered.ok()) {
+    SWARM_LOG_WARNING("not reloading the job in workspace %s: %s", workspace,
+                      recovered.status().message());
+  } else if (!recovered->empty()) {
+    SWARM_LOG_INFO("reloaded job %s from workspace %s", *recovered, workspace);
+  }
+}
+
+// Logs and prints the metrics address, when metrics are served.
+void AnnounceMetrics(const Observability& observability) {
+  if (observability.address().empty()) return;
+  LogEvent(LogSeverity::kInfo, "metrics_listening",
+           absl::StrCat("metrics listening on http://", observability.address(),
+                        "/metrics"),
+           {{"address", observability.address()}});
+  std::printf("metrics listening on %s\n", observability.address().c_str());
+  std::fflush(stdout);
+}
+
+// The writes asked for so far land before the runner stops (it drops
+// the tasks it has not run): a job that ended here is reloaded as ended.
+void FinishWorkspaceWrites(SiteDriver* controller) {
+  const size_t unwritten =
+      controller->FinishWrites(absl::Now() + absl::Seconds(10));
+  if (unwritten > 0) {
+    SWARM_LOG_WARNING(
+        "%d workspace write(s) not done 10 s after the shutdown began; "
+        "stopping without them (a restart reloads the state before them)",
+        unwritten);
+  }
+}
+
+// Runs the site (its controller and Peer server) until one of `signals`
+// arrives, then shuts it down. The exit code.
+int RunSite(const Flags& flags, const v1::SiteConfig& config,
+            const Credentials& credentials, const sigset_t& signals,
+            SiteLearners* learners, Observability* observability) {
+  TuneMallocForModelStreams();
+  WorkspaceModelStore store(config.workspace());
+  absl::Status cleaned = store.workspace().CleanStaleOffloadAll();
+  if (!cleaned.ok()) {
+    SWARM_LOG_WARNING("cleaning stale offload files: %s", cleaned.message());
+  }
+
+  auto runner = std::make_unique<ThreadPoolRunner>(flags.threads);
+  PeerChannels channels(credentials.channel);
+  GrpcPeerTransport transport(&channels, runner.get());
+  transport.set_signer(credentials.signer);
+  DriverOptions options;
+  options.site = config.name();
+  SiteDriver controller(options,
+                        observability->Meter(&transport, config.name()),
+                        learners->learner.get(), &store, runner.get());
+  ReloadJob(&controller, config.workspace());
+  if (learners->external != nullptr) {
+    ConnectTrainerToJob(learners->external, &controller);
+  }
+  PeerServiceOptions service_options =
+      ServiceOptionsFor(config, flags.insecure);
+  observability->Serve(&service_options);
+  service_options.forward_channels = &channels;
+  service_options.verifier = credentials.verifier;
+  service_options.check_configure =
+      [&store, &controller, &config](const v1::ConfigureRequest& request) {
+        return RefuseFinishedJob(store.workspace(), controller, config.name(),
+                                 request);
+      };
+  // Watching before serving: the History RPC reads the watcher.
+  observability->Watch(&controller);
+  PeerService service(&controller, std::move(service_options));
+  std::unique_ptr<grpc::Server> server =
+      StartServer(config, credentials.server, &service);
+  if (server == nullptr) return 1;
+  AnnounceMetrics(*observability);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  SWARM_LOG_INFO("%s received; shutting down", strsignal(signal_number));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Stops the trainer and ends a worker's wait for it, so the join is prompt.
+  if (learners->external != nullptr) learners->external->Shutdown();
+  observability->Stop();  // Before the controller it watches goes away.
+  FinishWorkspaceWrites(&controller);
+  runner.reset();  // Joins the workers before the controller goes away.
+  SWARM_LOG_INFO("stopped");
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   Flags flags;
   if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags)) {
@@ -438,7 +554,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  // Signals are taken by sigwait below (main blocked them before any
+  // Signals are taken by RunSite's sigwait (main blocked them before any
   // thread started; blocking again is harmless).
   sigset_t signals;
   sigemptyset(&signals);
@@ -455,97 +571,14 @@ int Run(int argc, char** argv) {
     return listening.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
 
-  absl::StatusOr<SiteLearners> learners = CreateLearner(*config);
+  absl::StatusOr<SiteLearners> learners =
+      CreatePrivateLearner(*config, flags.config_path);
   if (!learners.ok()) {
-    SWARM_LOG_ERROR("learner: %s", learners.status().message());
+    SWARM_LOG_ERROR("%s", learners.status().message());
     return 2;
   }
-  // The site's privacy accountant wraps whatever learner trains
-  // (docs/privacy.md).
-  if (absl::Status policy = privacy::ValidatePolicy(config->privacy());
-      !policy.ok()) {
-    SWARM_LOG_ERROR("site config %s: %s", flags.config_path, policy.message());
-    return 2;
-  }
-  learners->learner = std::make_unique<privacy::PrivateLearner>(
-      std::move(learners->learner), config->privacy(),
-      persist::Workspace(config->workspace()), config->name(),
-      std::map<std::string, std::string>(config->learner().params().begin(),
-                                         config->learner().params().end()));
-  TuneMallocForModelStreams();
-  WorkspaceModelStore store(config->workspace());
-  absl::Status cleaned = store.workspace().CleanStaleOffloadAll();
-  if (!cleaned.ok()) {
-    SWARM_LOG_WARNING("cleaning stale offload files: %s", cleaned.message());
-  }
-
-  auto runner = std::make_unique<ThreadPoolRunner>(flags.threads);
-  PeerChannels channels(credentials->channel);
-  GrpcPeerTransport transport(&channels, runner.get());
-  transport.set_signer(credentials->signer);
-  DriverOptions options;
-  options.site = config->name();
-  SiteDriver controller(options,
-                        observability.Meter(&transport, config->name()),
-                        learners->learner.get(), &store, runner.get());
-  // A restart: the job this site was in comes back from the workspace, and
-  // the site rejoins at the next learn task (or `swarmctl resume`).
-  absl::StatusOr<std::string> recovered = controller.RecoverJob();
-  if (!recovered.ok()) {
-    SWARM_LOG_WARNING("not reloading the job in workspace %s: %s",
-                      config->workspace(), recovered.status().message());
-  } else if (!recovered->empty()) {
-    SWARM_LOG_INFO("reloaded job %s from workspace %s", *recovered,
-                   config->workspace());
-  }
-  if (learners->external != nullptr) {
-    ConnectTrainerToJob(learners->external, &controller);
-  }
-  PeerServiceOptions service_options =
-      ServiceOptionsFor(*config, flags.insecure);
-  observability.Serve(&service_options);
-  service_options.forward_channels = &channels;
-  service_options.verifier = credentials->verifier;
-  service_options.check_configure =
-      [&store, &controller, &config](const v1::ConfigureRequest& request) {
-        return RefuseFinishedJob(store.workspace(), controller, config->name(),
-                                 request);
-      };
-  // Watching before serving: the History RPC reads the watcher.
-  observability.Watch(&controller);
-  PeerService service(&controller, std::move(service_options));
-  std::unique_ptr<grpc::Server> server =
-      StartServer(*config, credentials->server, &service);
-  if (server == nullptr) return 1;
-  if (!observability.address().empty()) {
-    LogEvent(LogSeverity::kInfo, "metrics_listening",
-             absl::StrCat("metrics listening on http://",
-                          observability.address(), "/metrics"),
-             {{"address", observability.address()}});
-    std::printf("metrics listening on %s\n", observability.address().c_str());
-    std::fflush(stdout);
-  }
-
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  SWARM_LOG_INFO("%s received; shutting down", strsignal(signal_number));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // Stops the trainer and ends a worker's wait for it, so the join is prompt.
-  if (learners->external != nullptr) learners->external->Shutdown();
-  observability.Stop();  // Before the controller it watches goes away.
-  // The writes asked for so far land before the runner stops (it drops
-  // the tasks it has not run): a job that ended here is reloaded as ended.
-  const size_t unwritten =
-      controller.FinishWrites(absl::Now() + absl::Seconds(10));
-  if (unwritten > 0) {
-    SWARM_LOG_WARNING(
-        "%d workspace write(s) not done 10 s after the shutdown began; "
-        "stopping without them (a restart reloads the state before them)",
-        unwritten);
-  }
-  runner.reset();  // Joins the workers before the controller goes away.
-  SWARM_LOG_INFO("stopped");
-  return 0;
+  return RunSite(flags, *config, *credentials, signals, &*learners,
+                 &observability);
 }
 
 }  // namespace
