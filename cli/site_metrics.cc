@@ -38,6 +38,43 @@ T* Child(Family<T>* family, const std::vector<std::string>& labels) {
   return *family->WithLabels(labels);
 }
 
+// Adds metric families to a registry, none after the first that fails;
+// status() is that failure.
+class FamilyAdder {
+ public:
+  explicit FamilyAdder(MetricsRegistry* registry) : registry_(registry) {}
+
+  void AddCounter(CounterFamily** out, const char* name, const char* help,
+                  std::vector<std::string> labels) {
+    if (!status_.ok()) return;
+    absl::StatusOr<CounterFamily*> added =
+        registry_->AddCounter(name, help, labels);
+    if (added.ok()) *out = *added;
+    status_ = added.status();
+  }
+  void AddGauge(GaugeFamily** out, const char* name, const char* help,
+                std::vector<std::string> labels) {
+    if (!status_.ok()) return;
+    absl::StatusOr<GaugeFamily*> added =
+        registry_->AddGauge(name, help, labels);
+    if (added.ok()) *out = *added;
+    status_ = added.status();
+  }
+  void AddHistogram(HistogramFamily** out, const char* name, const char* help,
+                    std::vector<std::string> labels) {
+    if (!status_.ok()) return;
+    absl::StatusOr<HistogramFamily*> added =
+        registry_->AddHistogram(name, help, labels, DurationBuckets());
+    if (added.ok()) *out = *added;
+    status_ = added.status();
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  MetricsRegistry* const registry_;
+  absl::Status status_;
+};
+
 }  // namespace
 
 struct SiteMetrics::Families {
@@ -72,128 +109,142 @@ struct SiteMetrics::Families {
   GaugeFamily* privacy_epsilon = nullptr;
   GaugeFamily* privacy_budget = nullptr;
   GaugeFamily* privacy_exhausted = nullptr;
+
+  // Register the histogram and counter families; the gauge families. The
+  // registry's error on a clash.
+  absl::Status AddHistogramsAndCounters(MetricsRegistry* registry);
+  absl::Status AddGauges(MetricsRegistry* registry);
 };
+
+absl::Status SiteMetrics::Families::AddHistogramsAndCounters(
+    MetricsRegistry* registry) {
+  FamilyAdder add(registry);
+  add.AddHistogram(
+      &round_seconds, "swarm_round_duration_seconds",
+      "Time this site spent in a round: from the first status of the "
+      "round to the next round's (or the end of the job).",
+      {"site"});
+  add.AddHistogram(
+      &phase_seconds, "swarm_phase_seconds",
+      "Time this site spent in one phase of a round (a state of the "
+      "site: waiting_for_task, training, waiting_for_permission, "
+      "submitting, gathering, aggregating, distributing).",
+      {"site", "phase"});
+  add.AddCounter(&rounds_completed, "swarm_rounds_completed_total",
+                 "Rounds this site aggregated (closed and judged).", {"site"});
+  add.AddCounter(
+      &rounds_trained, "swarm_rounds_trained_total",
+      "Results this site's learner produced (one per round trained).",
+      {"site"});
+  add.AddCounter(&results_accepted, "swarm_results_accepted_total",
+                 "Results this site accepted as a round's aggregator.",
+                 {"site"});
+  add.AddCounter(&results_rejected, "swarm_results_rejected_total",
+                 "Results this site refused as a round's aggregator.",
+                 {"site"});
+  add.AddCounter(
+      &permissions_granted, "swarm_permissions_granted_total",
+      "Requests to submit this site granted as a round's aggregator.",
+      {"site"});
+  add.AddCounter(
+      &permission_retries, "swarm_permission_retries_total",
+      "RETRY answers this site gave to requests to submit as a round's "
+      "aggregator (slots busy, round not open yet).",
+      {"site"});
+  add.AddCounter(&permissions_expired, "swarm_permissions_expired_total",
+                 "Permissions this site granted whose lease ran out unused.",
+                 {"site"});
+  add.AddCounter(
+      &results_late, "swarm_results_late_total",
+      "Of the results accepted, those of an earlier round (counted late, "
+      "into the round open then).",
+      {"site"});
+  add.AddCounter(
+      &results_failed, "swarm_results_failed_total",
+      "Uploads of results to this site that failed or broke before their "
+      "end (their slot freed).",
+      {"site"});
+  add.AddCounter(
+      &failovers, "swarm_failovers_total",
+      "Rounds this site handed to a backup aggregator (it could not reach "
+      "the round's aggregator).",
+      {"site"});
+  add.AddCounter(&rounds_taken_over, "swarm_rounds_taken_over_total",
+                 "Rounds this site took over as a backup aggregator.",
+                 {"site"});
+  add.AddCounter(&discarded_aggregates, "swarm_discarded_aggregates_total",
+                 "Aggregates of a losing chain this site dropped.", {"site"});
+  add.AddCounter(
+      &trainers_dropped, "swarm_trainers_dropped_total",
+      "Expected trainers this site stopped waiting for as aggregator "
+      "(down or silent).",
+      {"site"});
+  add.AddCounter(
+      &rejoins, "swarm_rejoins_total",
+      "Learn tasks this site accepted after its daemon reloaded the job "
+      "on a restart.",
+      {"site"});
+  add.AddCounter(&jobs_ended, "swarm_jobs_ended_total",
+                 "Jobs that ended at this site while it ran, by outcome (done, "
+                 "failed, aborted).",
+                 {"site", "outcome"});
+  add.AddCounter(&status_changes, "swarm_status_changes_total",
+                 "Status changes the metrics watcher saw.", {"site"});
+  return add.status();
+}
+
+absl::Status SiteMetrics::Families::AddGauges(MetricsRegistry* registry) {
+  FamilyAdder add(registry);
+  add.AddGauge(&round, "swarm_round", "The round this site is in (last task).",
+               {"site"});
+  add.AddGauge(&state, "swarm_state",
+               "1 for the site's current state, 0 for the others.",
+               {"site", "state"});
+  add.AddGauge(&aggregator, "swarm_is_aggregator",
+               "1 while this site aggregates the current round.", {"site"});
+  add.AddGauge(&best_metric, "swarm_best_metric",
+               "Validation metric of the best global model so far.", {"site"});
+  add.AddGauge(&best_round, "swarm_best_metric_round",
+               "Round whose global model is the best so far.", {"site"});
+  add.AddGauge(&validation, "swarm_validation_metric",
+               "This site's latest validation metrics (of the global model it "
+               "last received), by metric name.",
+               {"site", "metric"});
+  add.AddGauge(&in_flight, "swarm_submissions_in_flight",
+               "Submissions streaming to this site now (as aggregator).",
+               {"site"});
+  add.AddGauge(&max_in_flight, "swarm_submissions_in_flight_max",
+               "Most submissions ever in flight at once at this site.",
+               {"site"});
+  add.AddGauge(&job_info, "swarm_job_info",
+               "1 for the job this site runs (label job), 0 for earlier jobs.",
+               {"site", "job"});
+  add.AddGauge(&last_error, "swarm_last_error_timestamp_seconds",
+               "Unix time of this site's last reported error (0: none).",
+               {"site"});
+  add.AddGauge(&privacy_epsilon, "swarm_privacy_epsilon",
+               "Differential privacy spent on this site's training data in the "
+               "current job: epsilon for the site's delta (label delta).",
+               {"site", "delta"});
+  add.AddGauge(&privacy_budget, "swarm_privacy_budget_epsilon",
+               "The site's privacy budget (max_epsilon; 0: none).", {"site"});
+  add.AddGauge(&privacy_exhausted, "swarm_privacy_budget_exhausted",
+               "1 once the site stopped training for the job at its privacy "
+               "budget.",
+               {"site"});
+  return add.status();
+}
 
 absl::StatusOr<std::unique_ptr<SiteMetrics>> SiteMetrics::Create(
     MetricsRegistry* registry, std::string site) {
   auto families = std::make_unique<Families>();
-  absl::Status status;
-  auto counter = [&](CounterFamily** out, const char* name, const char* help,
-                     std::vector<std::string> labels) {
-    if (!status.ok()) return;
-    absl::StatusOr<CounterFamily*> added =
-        registry->AddCounter(name, help, labels);
-    if (added.ok()) *out = *added;
-    status = added.status();
-  };
-  auto gauge = [&](GaugeFamily** out, const char* name, const char* help,
-                   std::vector<std::string> labels) {
-    if (!status.ok()) return;
-    absl::StatusOr<GaugeFamily*> added = registry->AddGauge(name, help, labels);
-    if (added.ok()) *out = *added;
-    status = added.status();
-  };
-  auto histogram = [&](HistogramFamily** out, const char* name,
-                       const char* help, std::vector<std::string> labels) {
-    if (!status.ok()) return;
-    absl::StatusOr<HistogramFamily*> added =
-        registry->AddHistogram(name, help, labels, DurationBuckets());
-    if (added.ok()) *out = *added;
-    status = added.status();
-  };
-  Families& f = *families;
-  histogram(&f.round_seconds, "swarm_round_duration_seconds",
-            "Time this site spent in a round: from the first status of the "
-            "round to the next round's (or the end of the job).",
-            {"site"});
-  histogram(&f.phase_seconds, "swarm_phase_seconds",
-            "Time this site spent in one phase of a round (a state of the "
-            "site: waiting_for_task, training, waiting_for_permission, "
-            "submitting, gathering, aggregating, distributing).",
-            {"site", "phase"});
-  counter(&f.rounds_completed, "swarm_rounds_completed_total",
-          "Rounds this site aggregated (closed and judged).", {"site"});
-  counter(&f.rounds_trained, "swarm_rounds_trained_total",
-          "Results this site's learner produced (one per round trained).",
-          {"site"});
-  counter(&f.results_accepted, "swarm_results_accepted_total",
-          "Results this site accepted as a round's aggregator.", {"site"});
-  counter(&f.results_rejected, "swarm_results_rejected_total",
-          "Results this site refused as a round's aggregator.", {"site"});
-  counter(&f.permissions_granted, "swarm_permissions_granted_total",
-          "Requests to submit this site granted as a round's aggregator.",
-          {"site"});
-  counter(&f.permission_retries, "swarm_permission_retries_total",
-          "RETRY answers this site gave to requests to submit as a round's "
-          "aggregator (slots busy, round not open yet).",
-          {"site"});
-  counter(&f.permissions_expired, "swarm_permissions_expired_total",
-          "Permissions this site granted whose lease ran out unused.",
-          {"site"});
-  counter(&f.results_late, "swarm_results_late_total",
-          "Of the results accepted, those of an earlier round (counted late, "
-          "into the round open then).",
-          {"site"});
-  counter(&f.results_failed, "swarm_results_failed_total",
-          "Uploads of results to this site that failed or broke before their "
-          "end (their slot freed).",
-          {"site"});
-  counter(&f.failovers, "swarm_failovers_total",
-          "Rounds this site handed to a backup aggregator (it could not reach "
-          "the round's aggregator).",
-          {"site"});
-  counter(&f.rounds_taken_over, "swarm_rounds_taken_over_total",
-          "Rounds this site took over as a backup aggregator.", {"site"});
-  counter(&f.discarded_aggregates, "swarm_discarded_aggregates_total",
-          "Aggregates of a losing chain this site dropped.", {"site"});
-  counter(&f.trainers_dropped, "swarm_trainers_dropped_total",
-          "Expected trainers this site stopped waiting for as aggregator "
-          "(down or silent).",
-          {"site"});
-  counter(&f.rejoins, "swarm_rejoins_total",
-          "Learn tasks this site accepted after its daemon reloaded the job "
-          "on a restart.",
-          {"site"});
-  counter(&f.jobs_ended, "swarm_jobs_ended_total",
-          "Jobs that ended at this site while it ran, by outcome (done, "
-          "failed, aborted).",
-          {"site", "outcome"});
-  counter(&f.status_changes, "swarm_status_changes_total",
-          "Status changes the metrics watcher saw.", {"site"});
-  gauge(&f.round, "swarm_round", "The round this site is in (last task).",
-        {"site"});
-  gauge(&f.state, "swarm_state",
-        "1 for the site's current state, 0 for the others.", {"site", "state"});
-  gauge(&f.aggregator, "swarm_is_aggregator",
-        "1 while this site aggregates the current round.", {"site"});
-  gauge(&f.best_metric, "swarm_best_metric",
-        "Validation metric of the best global model so far.", {"site"});
-  gauge(&f.best_round, "swarm_best_metric_round",
-        "Round whose global model is the best so far.", {"site"});
-  gauge(&f.validation, "swarm_validation_metric",
-        "This site's latest validation metrics (of the global model it "
-        "last received), by metric name.",
-        {"site", "metric"});
-  gauge(&f.in_flight, "swarm_submissions_in_flight",
-        "Submissions streaming to this site now (as aggregator).", {"site"});
-  gauge(&f.max_in_flight, "swarm_submissions_in_flight_max",
-        "Most submissions ever in flight at once at this site.", {"site"});
-  gauge(&f.job_info, "swarm_job_info",
-        "1 for the job this site runs (label job), 0 for earlier jobs.",
-        {"site", "job"});
-  gauge(&f.last_error, "swarm_last_error_timestamp_seconds",
-        "Unix time of this site's last reported error (0: none).", {"site"});
-  gauge(&f.privacy_epsilon, "swarm_privacy_epsilon",
-        "Differential privacy spent on this site's training data in the "
-        "current job: epsilon for the site's delta (label delta).",
-        {"site", "delta"});
-  gauge(&f.privacy_budget, "swarm_privacy_budget_epsilon",
-        "The site's privacy budget (max_epsilon; 0: none).", {"site"});
-  gauge(&f.privacy_exhausted, "swarm_privacy_budget_exhausted",
-        "1 once the site stopped training for the job at its privacy "
-        "budget.",
-        {"site"});
-  if (!status.ok()) return status;
+  if (absl::Status added = families->AddHistogramsAndCounters(registry);
+      !added.ok()) {
+    return added;
+  }
+  if (absl::Status added = families->AddGauges(registry); !added.ok()) {
+    return added;
+  }
   return std::unique_ptr<SiteMetrics>(
       new SiteMetrics(std::move(site), std::move(families)));
 }
