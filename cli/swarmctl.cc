@@ -1275,6 +1275,32 @@ int DeployK8s(const Args& args) {
   return 0;
 }
 
+// Asks every site of `job` for its history of the job, each call with a
+// deadline of `timeout_ms`. Every site at once: a silent site costs one
+// deadline, not one each.
+std::vector<report::SiteHistory> AskHistories(const v1::JobConfig& job,
+                                              int timeout_ms) {
+  std::vector<report::SiteHistory> sites(job.sites_size());
+  std::vector<std::thread> calls;
+  for (int i = 0; i < job.sites_size(); ++i) {
+    sites[i].site = job.sites(i);
+    calls.emplace_back([&, i] {
+      grpc::ClientContext context;
+      SetDeadline(&context, absl::Milliseconds(timeout_ms));
+      v1::HistoryRequest request;
+      request.set_job_id(job.job_id());
+      request.set_sender(Sender());
+      grpc::Status status = StubFor(job.sites(i).address())
+                                ->History(&context, request, &sites[i].reply);
+      if (!status.ok()) {
+        sites[i].status = absl::UnavailableError(status.error_message());
+      }
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  return sites;
+}
+
 // swarmctl report: asks every site of the job for its per-round history
 // (History, each call with a deadline), and writes DIR/report.html,
 // report.csv and report.json. A site that does not answer is named, and the
@@ -1317,25 +1343,7 @@ int Report(const Args& args) {
     }
     test_metric = std::move(*parsed);
   }
-  // Every site at once: a silent site costs one deadline, not one each.
-  std::vector<report::SiteHistory> sites(job->sites_size());
-  std::vector<std::thread> calls;
-  for (int i = 0; i < job->sites_size(); ++i) {
-    sites[i].site = job->sites(i);
-    calls.emplace_back([&, i] {
-      grpc::ClientContext context;
-      SetDeadline(&context, absl::Milliseconds(timeout_ms));
-      v1::HistoryRequest request;
-      request.set_job_id(job->job_id());
-      request.set_sender(Sender());
-      grpc::Status status = StubFor(job->sites(i).address())
-                                ->History(&context, request, &sites[i].reply);
-      if (!status.ok()) {
-        sites[i].status = absl::UnavailableError(status.error_message());
-      }
-    });
-  }
-  for (std::thread& call : calls) call.join();
+  const std::vector<report::SiteHistory> sites = AskHistories(*job, timeout_ms);
   absl::StatusOr<report::JobReport> built =
       report::JobReport::Build(*job, sites, test_metric, test_column);
   if (!built.ok()) {
