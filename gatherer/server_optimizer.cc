@@ -145,6 +145,104 @@ void StepBlock(const ServerOptimizerOptions& o, double bias1, double bias2,
   }
 }
 
+// The output's layout: the trainable tensors, then m (and v) per float
+// tensor in the same order, then the step counter.
+struct OutputLayout {
+  std::vector<TensorSpec> specs;
+  // By trainable tensor: the index in `specs` of its moment (-1: none).
+  std::vector<int> m_index;
+  std::vector<int> v_index;
+  int step_index = -1;
+};
+
+absl::StatusOr<OutputLayout> OutputLayoutFor(const Model& trainable,
+                                             bool second) {
+  OutputLayout layout;
+  std::vector<TensorSpec>& specs = layout.specs;
+  specs = trainable.specs();
+  layout.m_index.assign(trainable.num_tensors(), -1);
+  layout.v_index.assign(trainable.num_tensors(), -1);
+  // One state tensor per float tensor, named `moment`/<tensor>; its index
+  // in `specs` goes to (*index)[t].
+  auto append_moment = [&](absl::string_view moment,
+                           std::vector<int>* index) -> absl::Status {
+    for (size_t t = 0; t < trainable.num_tensors(); ++t) {
+      const TensorSpec& spec = trainable.spec(t);
+      if (!IsFloatDType(spec.dtype)) continue;
+      SWARM_ASSIGN_OR_RETURN(TensorSpec state_spec,
+                             MakeTensorSpec(StateName(moment, spec.name),
+                                            v1::DTYPE_F32, spec.shape));
+      (*index)[t] = static_cast<int>(specs.size());
+      specs.push_back(std::move(state_spec));
+    }
+    return absl::OkStatus();
+  };
+  SWARM_RETURN_IF_ERROR(append_moment(kFirstMoment, &layout.m_index));
+  if (second) {
+    SWARM_RETURN_IF_ERROR(append_moment(kSecondMoment, &layout.v_index));
+  }
+  SWARM_ASSIGN_OR_RETURN(
+      TensorSpec step_spec,
+      MakeTensorSpec(absl::StrCat(kServerOptimizerPrefix, kStepName),
+                     v1::DTYPE_I64, {1}));
+  layout.step_index = static_cast<int>(specs.size());
+  specs.push_back(std::move(step_spec));
+  return layout;
+}
+
+// The step's blocks of doubles: x, the mean, m and v.
+struct StepBlocks {
+  std::vector<double> x = std::vector<double>(kBlock);
+  std::vector<double> mu = std::vector<double>(kBlock);
+  std::vector<double> m = std::vector<double>(kBlock);
+  std::vector<double> v = std::vector<double>(kBlock);
+};
+
+// Steps float tensor `spec` (values `x_in`, round mean `mean_in`, its
+// moments in `state`) a block at a time: its new values to `to`, its new
+// moments to `m_out` and `v_out` (null when the optimizer keeps no second
+// moment).
+void StepTensor(const ServerOptimizerOptions& opts, double bias1, double bias2,
+                const StateIn& state, const TensorSpec& spec, const char* x_in,
+                const char* mean_in, char* to, char* m_out, char* v_out,
+                StepBlocks* blocks) {
+  const bool second = v_out != nullptr;
+  std::vector<double>& x = blocks->x;
+  std::vector<double>& mu = blocks->mu;
+  std::vector<double>& m = blocks->m;
+  std::vector<double>& v = blocks->v;
+  const uint64_t n = spec.byte_size / DTypeSize(spec.dtype);
+  auto m_in = state.m.find(spec.name);
+  auto v_in = state.v.find(spec.name);
+  for (uint64_t at = 0; at < n; at += kBlock) {
+    const uint64_t len = std::min(kBlock, n - at);
+    const uint64_t x_off = at * DTypeSize(spec.dtype);
+    const uint64_t s_off = at * sizeof(float);
+    LoadRangeAsDouble(spec.dtype, x_in + x_off, len, x.data());
+    LoadRangeAsDouble(spec.dtype, mean_in + x_off, len, mu.data());
+    if (m_in != state.m.end()) {
+      LoadRangeAsDouble(v1::DTYPE_F32, m_in->second.data() + s_off, len,
+                        m.data());
+    } else {
+      std::fill_n(m.data(), len, 0.0);
+    }
+    if (second) {
+      if (v_in != state.v.end()) {
+        LoadRangeAsDouble(v1::DTYPE_F32, v_in->second.data() + s_off, len,
+                          v.data());
+      } else {
+        std::fill_n(v.data(), len, 0.0);
+      }
+    }
+    StepBlock(opts, bias1, bias2, len, x.data(), mu.data(), m.data(), v.data());
+    StoreRangeFromDouble(spec.dtype, x.data(), len, to + x_off);
+    StoreRangeFromDouble(v1::DTYPE_F32, m.data(), len, m_out + s_off);
+    if (second) {
+      StoreRangeFromDouble(v1::DTYPE_F32, v.data(), len, v_out + s_off);
+    }
+  }
+}
+
 }  // namespace
 
 ServerOptimizerOptions ServerOptimizerOptions::FromJobConfig(
@@ -241,46 +339,20 @@ absl::StatusOr<Model> ApplyServerOptimizer(const ServerOptimizerOptions& opts,
                          ReadState(base, trainable, opts.kind));
   const bool second = HasSecondMoment(opts.kind);
 
-  // The output: the trainable tensors, then m (and v) per float tensor in
-  // the same order, then the step counter.
-  std::vector<TensorSpec> specs = trainable.specs();
-  std::vector<int> m_index(trainable.num_tensors(), -1);
-  std::vector<int> v_index(trainable.num_tensors(), -1);
-  // One state tensor per float tensor, named `moment`/<tensor>; its index
-  // in `specs` goes to (*index)[t].
-  auto append_moment = [&](absl::string_view moment,
-                           std::vector<int>* index) -> absl::Status {
-    for (size_t t = 0; t < trainable.num_tensors(); ++t) {
-      const TensorSpec& spec = trainable.spec(t);
-      if (!IsFloatDType(spec.dtype)) continue;
-      SWARM_ASSIGN_OR_RETURN(TensorSpec state_spec,
-                             MakeTensorSpec(StateName(moment, spec.name),
-                                            v1::DTYPE_F32, spec.shape));
-      (*index)[t] = static_cast<int>(specs.size());
-      specs.push_back(std::move(state_spec));
-    }
-    return absl::OkStatus();
-  };
-  SWARM_RETURN_IF_ERROR(append_moment(kFirstMoment, &m_index));
-  if (second) SWARM_RETURN_IF_ERROR(append_moment(kSecondMoment, &v_index));
-  SWARM_ASSIGN_OR_RETURN(
-      TensorSpec step_spec,
-      MakeTensorSpec(absl::StrCat(kServerOptimizerPrefix, kStepName),
-                     v1::DTYPE_I64, {1}));
-  const int step_index = static_cast<int>(specs.size());
-  specs.push_back(std::move(step_spec));
-
+  SWARM_ASSIGN_OR_RETURN(OutputLayout layout,
+                         OutputLayoutFor(trainable, second));
   absl::StatusOr<Model> made =
       scratch_dir.empty()
-          ? Model::Create(std::move(specs), HeapStorage::Init::kUninitialized)
-          : Model::CreateInFile(std::move(specs), scratch_dir);
+          ? Model::Create(std::move(layout.specs),
+                          HeapStorage::Init::kUninitialized)
+          : Model::CreateInFile(std::move(layout.specs), scratch_dir);
   if (!made.ok()) return made.status();
   Model out = *std::move(made);
 
   const int64_t step = state.step + 1;
   const double bias1 = 1 - std::pow(opts.beta1, static_cast<double>(step));
   const double bias2 = 1 - std::pow(opts.beta2, static_cast<double>(step));
-  std::vector<double> x(kBlock), mu(kBlock), m(kBlock), v(kBlock);
+  StepBlocks blocks;
   for (size_t t = 0; t < trainable.num_tensors(); ++t) {
     const TensorSpec& spec = trainable.spec(t);
     char* to = out.mutable_tensor_data(t).data();
@@ -289,43 +361,13 @@ absl::StatusOr<Model> ApplyServerOptimizer(const ServerOptimizerOptions& opts,
       std::memcpy(to, mean.tensor_data(t).data(), spec.byte_size);
       continue;
     }
-    const uint64_t n = spec.byte_size / DTypeSize(spec.dtype);
-    const char* x_in = trainable.tensor_data(t).data();
-    const char* mean_in = mean.tensor_data(t).data();
-    auto m_in = state.m.find(spec.name);
-    auto v_in = state.v.find(spec.name);
-    char* m_out = out.mutable_tensor_data(m_index[t]).data();
-    char* v_out = second ? out.mutable_tensor_data(v_index[t]).data() : nullptr;
-    for (uint64_t at = 0; at < n; at += kBlock) {
-      const uint64_t len = std::min(kBlock, n - at);
-      const uint64_t x_off = at * DTypeSize(spec.dtype);
-      const uint64_t s_off = at * sizeof(float);
-      LoadRangeAsDouble(spec.dtype, x_in + x_off, len, x.data());
-      LoadRangeAsDouble(spec.dtype, mean_in + x_off, len, mu.data());
-      if (m_in != state.m.end()) {
-        LoadRangeAsDouble(v1::DTYPE_F32, m_in->second.data() + s_off, len,
-                          m.data());
-      } else {
-        std::fill_n(m.data(), len, 0.0);
-      }
-      if (second) {
-        if (v_in != state.v.end()) {
-          LoadRangeAsDouble(v1::DTYPE_F32, v_in->second.data() + s_off, len,
-                            v.data());
-        } else {
-          std::fill_n(v.data(), len, 0.0);
-        }
-      }
-      StepBlock(opts, bias1, bias2, len, x.data(), mu.data(), m.data(),
-                v.data());
-      StoreRangeFromDouble(spec.dtype, x.data(), len, to + x_off);
-      StoreRangeFromDouble(v1::DTYPE_F32, m.data(), len, m_out + s_off);
-      if (second) {
-        StoreRangeFromDouble(v1::DTYPE_F32, v.data(), len, v_out + s_off);
-      }
-    }
+    char* m_out = out.mutable_tensor_data(layout.m_index[t]).data();
+    char* v_out =
+        second ? out.mutable_tensor_data(layout.v_index[t]).data() : nullptr;
+    StepTensor(opts, bias1, bias2, state, spec, trainable.tensor_data(t).data(),
+               mean.tensor_data(t).data(), to, m_out, v_out, &blocks);
   }
-  StoreRaw<int64_t>(step, out.mutable_tensor_data(step_index).data(), 0);
+  StoreRaw<int64_t>(step, out.mutable_tensor_data(layout.step_index).data(), 0);
   out.metadata() = mean.metadata();
   out.metadata()["server_optimizer"] =
       std::string(ServerOptimizerName(opts.kind));
