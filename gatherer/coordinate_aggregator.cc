@@ -139,21 +139,8 @@ class CoordinateAggregator final : public FileBackedAggregator {
           failed = true;
           return;
         }
-        if (use_network) {
-          // In runs of coordinates small enough for n rows to stay in L1/L2.
-          for (uint64_t j = 0; j < count; j += sub_block) {
-            const uint64_t m = std::min(sub_block, count - j);
-            SortRowsByNetwork(network.data(), network.size(), &values[j], block,
-                              m);
-            ReduceSortedRows(&values[j], block, n, m, &reduced[j]);
-          }
-        } else {
-          for (uint64_t j = 0; j < count; ++j) {
-            for (uint64_t k = 0; k < n; ++k) column[k] = values[k * block + j];
-            SortValues(column.data(), n);
-            ReduceSortedRows(column.data(), 1, n, 1, &reduced[j]);
-          }
-        }
+        ReduceBlock(use_network ? &network : nullptr, sub_block, n, block,
+                    count, values.data(), column.data(), reduced.data());
         StoreRangeFromDouble(
             dtype, reduced.data(), count,
             out.mutable_tensor_data(range.tensor).data() + range.begin * size);
@@ -173,6 +160,31 @@ class CoordinateAggregator final : public FileBackedAggregator {
   }
 
  private:
+  // Sorts and reduces the `count` coordinates of a loaded block (`values`:
+  // n rows of `block` doubles) into `reduced`: by `network` in runs of
+  // `sub_block` coordinates, or (null `network`) each coordinate on its own
+  // through `column` (n doubles).
+  void ReduceBlock(const std::vector<std::pair<uint32_t, uint32_t>>* network,
+                   uint64_t sub_block, uint64_t n, uint64_t block,
+                   uint64_t count, double* values, double* column,
+                   double* reduced) const {
+    if (network != nullptr) {
+      // In runs of coordinates small enough for n rows to stay in L1/L2.
+      for (uint64_t j = 0; j < count; j += sub_block) {
+        const uint64_t m = std::min(sub_block, count - j);
+        SortRowsByNetwork(network->data(), network->size(), &values[j], block,
+                          m);
+        ReduceSortedRows(&values[j], block, n, m, &reduced[j]);
+      }
+    } else {
+      for (uint64_t j = 0; j < count; ++j) {
+        for (uint64_t k = 0; k < n; ++k) column[k] = values[k * block + j];
+        SortValues(column, n);
+        ReduceSortedRows(column, 1, n, 1, &reduced[j]);
+      }
+    }
+  }
+
   // `rows` holds `count` coordinates of n sorted rows (row k at
   // rows[k * stride]); writes each coordinate's median / trimmed mean.
   void ReduceSortedRows(const double* rows, uint64_t stride, uint64_t n,
