@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -79,8 +80,8 @@ absl::StatusOr<StateIn> ReadState(const Model& base, const Model& trainable,
     const std::string owner(rest.substr(2));
     const int t = trainable.FindTensor(owner);
     if (t < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          spec.name, ": the model has no tensor \"", owner, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.name, ": the model has no tensor \"", owner, "\""));
     }
     const TensorSpec& owner_spec = trainable.spec(t);
     if (!IsFloatDType(owner_spec.dtype) || spec.dtype != v1::DTYPE_F32 ||
@@ -198,24 +199,24 @@ struct StepBlocks {
   std::vector<double> v = std::vector<double>(kBlock);
 };
 
-// Steps float tensor `spec` (values `x_in`, round mean `mean_in`, its
-// moments in `state`) a block at a time: its new values to `to`, its new
-// moments to `m_out` and `v_out` (null when the optimizer keeps no second
-// moment).
-void StepTensor(const ServerOptimizerOptions& opts, double bias1, double bias2,
-                const StateIn& state, const TensorSpec& spec, const char* x_in,
-                const char* mean_in, char* to, char* m_out, char* v_out,
-                StepBlocks* blocks) {
+// Steps elements [begin, end) of float tensor `spec` (values `x_in`, round
+// mean `mean_in`, its moments in `state`) a block at a time: their new
+// values to `to`, their new moments to `m_out` and `v_out` (null when the
+// optimizer keeps no second moment). Element i depends on element i alone,
+// so ranges may run on different threads, each with its own `blocks`.
+void StepRange(const ServerOptimizerOptions& opts, double bias1, double bias2,
+               const StateIn& state, const TensorSpec& spec, const char* x_in,
+               const char* mean_in, char* to, char* m_out, char* v_out,
+               uint64_t begin, uint64_t end, StepBlocks* blocks) {
   const bool second = v_out != nullptr;
   std::vector<double>& x = blocks->x;
   std::vector<double>& mu = blocks->mu;
   std::vector<double>& m = blocks->m;
   std::vector<double>& v = blocks->v;
-  const uint64_t n = spec.byte_size / DTypeSize(spec.dtype);
   auto m_in = state.m.find(spec.name);
   auto v_in = state.v.find(spec.name);
-  for (uint64_t at = 0; at < n; at += kBlock) {
-    const uint64_t len = std::min(kBlock, n - at);
+  for (uint64_t at = begin; at < end; at += kBlock) {
+    const uint64_t len = std::min(kBlock, end - at);
     const uint64_t x_off = at * DTypeSize(spec.dtype);
     const uint64_t s_off = at * sizeof(float);
     LoadRangeAsDouble(spec.dtype, x_in + x_off, len, x.data());
@@ -249,9 +250,10 @@ ServerOptimizerOptions ServerOptimizerOptions::FromJobConfig(
     const v1::JobConfig& config) {
   ServerOptimizerOptions o;
   o.kind = config.server_optimizer();
-  o.learning_rate = config.has_server_learning_rate()
-                        ? config.server_learning_rate()
-                        : (o.kind == v1::SERVER_OPTIMIZER_MOMENTUM ? 1.0 : 0.03);
+  o.learning_rate =
+      config.has_server_learning_rate()
+          ? config.server_learning_rate()
+          : (o.kind == v1::SERVER_OPTIMIZER_MOMENTUM ? 1.0 : 0.03);
   // Momentum's default decay is lower than Adam's: quality_bench measured
   // 0.5 best at Dirichlet 0.1 and 0.5 (0.9 overshoots in 20 rounds).
   if (o.kind == v1::SERVER_OPTIMIZER_MOMENTUM) o.beta1 = 0.5;
@@ -291,9 +293,8 @@ Model TrainableViewOf(const Model& stateful) {
   }
   // FromStorage only fails on a layout outside the storage, and these are
   // offsets of a model over the same storage.
-  absl::StatusOr<Model> view =
-      Model::FromStorage(std::move(specs), std::move(offsets),
-                         stateful.storage());
+  absl::StatusOr<Model> view = Model::FromStorage(
+      std::move(specs), std::move(offsets), stateful.storage());
   Model out = view.ok() ? *std::move(view) : Model();
   out.metadata() = stateful.metadata();
   return out;
@@ -315,7 +316,8 @@ uint64_t ServerOptimizerStateBytes(const Model& trainable,
   if (kind == v1::SERVER_OPTIMIZER_NONE) return 0;
   uint64_t elements = 0;
   for (const TensorSpec& spec : trainable.specs()) {
-    if (IsFloatDType(spec.dtype)) elements += spec.byte_size / DTypeSize(spec.dtype);
+    if (IsFloatDType(spec.dtype))
+      elements += spec.byte_size / DTypeSize(spec.dtype);
   }
   return elements * sizeof(float) * (HasSecondMoment(kind) ? 2 : 1) +
          sizeof(int64_t);
@@ -335,8 +337,7 @@ absl::StatusOr<Model> ApplyServerOptimizer(const ServerOptimizerOptions& opts,
         "server optimizer: the round's mean is not laid out like its global "
         "model");
   }
-  SWARM_ASSIGN_OR_RETURN(StateIn state,
-                         ReadState(base, trainable, opts.kind));
+  SWARM_ASSIGN_OR_RETURN(StateIn state, ReadState(base, trainable, opts.kind));
   const bool second = HasSecondMoment(opts.kind);
 
   SWARM_ASSIGN_OR_RETURN(OutputLayout layout,
@@ -352,21 +353,43 @@ absl::StatusOr<Model> ApplyServerOptimizer(const ServerOptimizerOptions& opts,
   const int64_t step = state.step + 1;
   const double bias1 = 1 - std::pow(opts.beta1, static_cast<double>(step));
   const double bias2 = 1 - std::pow(opts.beta2, static_cast<double>(step));
-  StepBlocks blocks;
+  // Integers and bools take the mean, as under FedAvg; float tensors are
+  // stepped, their elements cut into one share per thread.
+  std::vector<uint64_t> elements(trainable.num_tensors(), 0);
+  std::vector<uint64_t> cost(trainable.num_tensors(), 0);
+  uint64_t float_bytes = 0;
   for (size_t t = 0; t < trainable.num_tensors(); ++t) {
     const TensorSpec& spec = trainable.spec(t);
-    char* to = out.mutable_tensor_data(t).data();
     if (!IsFloatDType(spec.dtype)) {
-      // Integers and bools take the mean, as under FedAvg.
-      std::memcpy(to, mean.tensor_data(t).data(), spec.byte_size);
+      std::memcpy(out.mutable_tensor_data(t).data(), mean.tensor_data(t).data(),
+                  spec.byte_size);
       continue;
     }
-    char* m_out = out.mutable_tensor_data(layout.m_index[t]).data();
-    char* v_out =
-        second ? out.mutable_tensor_data(layout.v_index[t]).data() : nullptr;
-    StepTensor(opts, bias1, bias2, state, spec, trainable.tensor_data(t).data(),
-               mean.tensor_data(t).data(), to, m_out, v_out, &blocks);
+    elements[t] = spec.byte_size / DTypeSize(spec.dtype);
+    cost[t] = 1;
+    float_bytes += spec.byte_size;
   }
+  const int threads = opts.num_threads > 0
+                          ? opts.num_threads
+                          : static_cast<int>(std::clamp(
+                                std::thread::hardware_concurrency(), 1u, 2u));
+  const std::vector<std::vector<agg_internal::Range>> shares =
+      agg_internal::SplitWork(
+          elements, cost,
+          float_bytes >= agg_internal::kMinParallelBytes ? threads : 1);
+  agg_internal::RunParallel(static_cast<int>(shares.size()), [&](int i) {
+    StepBlocks blocks;
+    for (const agg_internal::Range& range : shares[i]) {
+      const size_t t = range.tensor;
+      char* v_out =
+          second ? out.mutable_tensor_data(layout.v_index[t]).data() : nullptr;
+      StepRange(opts, bias1, bias2, state, trainable.spec(t),
+                trainable.tensor_data(t).data(), mean.tensor_data(t).data(),
+                out.mutable_tensor_data(t).data(),
+                out.mutable_tensor_data(layout.m_index[t]).data(), v_out,
+                range.begin, range.end, &blocks);
+    }
+  });
   StoreRaw<int64_t>(step, out.mutable_tensor_data(layout.step_index).data(), 0);
   out.metadata() = mean.metadata();
   out.metadata()["server_optimizer"] =

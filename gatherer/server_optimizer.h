@@ -49,6 +49,10 @@ struct ServerOptimizerOptions {
   double beta1 = 0.9;
   double beta2 = 0.99;
   double epsilon = 1e-3;
+  // Threads the step is spread over (a model of 4 MiB or more; cuts fall on
+  // 64-element boundaries, so the result does not depend on the count);
+  // 0: min(2, hardware threads), as the aggregators.
+  int num_threads = 0;
 
   // The job's fields with their defaults (the proto documents them).
   static ServerOptimizerOptions FromJobConfig(const v1::JobConfig& config);

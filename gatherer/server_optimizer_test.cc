@@ -104,8 +104,8 @@ TEST(ServerOptimizerTest, YogiSecondMomentMovesAdditively) {
 
 TEST(ServerOptimizerTest, TrainableViewDropsTheStateWithoutCopying) {
   const Model x0 = RandomModel(Layout(), 9);
-  auto x1 = std::make_shared<const Model>(
-      Step(Options(v1::SERVER_OPTIMIZER_ADAM, 0.01), x0, RandomModel(Layout(), 10)));
+  auto x1 = std::make_shared<const Model>(Step(
+      Options(v1::SERVER_OPTIMIZER_ADAM, 0.01), x0, RandomModel(Layout(), 10)));
   std::shared_ptr<const Model> view = TrainableView(x1);
   ASSERT_EQ(view->num_tensors(), 3u);
   EXPECT_TRUE(view->SameLayout(x0));
@@ -123,7 +123,8 @@ TEST(ServerOptimizerTest, StateSurvivesASafetensorsRoundTripBitForBit) {
   // disk gives the same next step as the state held in memory.
   persist::testutil::ScopedTempDir dir;
   const ServerOptimizerOptions o = Options(v1::SERVER_OPTIMIZER_ADAM, 0.05);
-  const Model x1 = Step(o, RandomModel(Layout(), 12), RandomModel(Layout(), 13));
+  const Model x1 =
+      Step(o, RandomModel(Layout(), 12), RandomModel(Layout(), 13));
   const std::string path = dir.path() + "/global.safetensors";
   ASSERT_TRUE(x1.SaveSafetensors(path).ok());
   absl::StatusOr<Model> loaded = Model::LoadSafetensors(path);
@@ -159,8 +160,9 @@ TEST(ServerOptimizerTest, StateThatDoesNotFitIsRefusedNamingTheTensor) {
   // State for a tensor the model lacks.
   std::vector<TensorSpec> odd = Layout();
   odd.push_back(Spec("swarm.server_optimizer.m/ghost", v1::DTYPE_F32, {2}));
-  absl::StatusOr<Model> ghost = ApplyServerOptimizer(
-      Options(v1::SERVER_OPTIMIZER_MOMENTUM, 1), RandomModel(odd, 17), mean, "");
+  absl::StatusOr<Model> ghost =
+      ApplyServerOptimizer(Options(v1::SERVER_OPTIMIZER_MOMENTUM, 1),
+                           RandomModel(odd, 17), mean, "");
   EXPECT_NE(ghost.status().message().find("ghost"), std::string::npos);
   // A mean of another layout.
   const Model other = RandomModel({Spec("w", v1::DTYPE_F32, {12})}, 18);
@@ -181,6 +183,32 @@ TEST(ServerOptimizerTest, MomentumZeroAndLearningRateOneIsFedAvg) {
   const Model x1 = Step(o, x0, mean);
   for (size_t t = 0; t < 3; ++t) {
     EXPECT_EQ(x1.tensor_data(t), mean.tensor_data(t)) << x1.spec(t).name;
+  }
+}
+
+// A model above the parallel threshold (4 MiB) is stepped in shares on
+// several threads: the result, state included, is the one-thread result
+// bit for bit, over two rounds of Adam (both moments and the step).
+TEST(ServerOptimizerTest, ThreadsChangeNothingButTheTime) {
+  const std::vector<TensorSpec> big = {
+      Spec("w", v1::DTYPE_F32, {1000, 1100}), Spec("h", v1::DTYPE_F16, {777}),
+      Spec("b", v1::DTYPE_BF16, {300001}), Spec("n", v1::DTYPE_I64, {5})};
+  const Model x0 = RandomModel(big, 31);
+  const Model mean0 = RandomModel(big, 32);
+  const Model mean1 = RandomModel(big, 33);
+  std::vector<Model> last;
+  for (int threads : {1, 2, 3}) {
+    ServerOptimizerOptions o = Options(v1::SERVER_OPTIMIZER_ADAM, 0.03);
+    o.num_threads = threads;
+    const Model x1 = Step(o, x0, mean0);
+    last.push_back(Step(o, x1, mean1));
+  }
+  ASSERT_EQ(last[0].num_tensors(), big.size() + 2 * 3 + 1);
+  for (size_t k = 1; k < last.size(); ++k) {
+    for (size_t t = 0; t < last[0].num_tensors(); ++t) {
+      ASSERT_EQ(last[k].tensor_data(t), last[0].tensor_data(t))
+          << last[0].spec(t).name << " with " << k + 1 << " threads";
+    }
   }
 }
 
