@@ -137,7 +137,7 @@ run_tests() {
 # reports one that is not as "Not Run", a failure).
 TSAN_TARGETS="fedavg_test coordinate_aggregator_test aggregator_test \
   robust_aggregator_test simulation_test trainer_link_test metrics_test \
-  site_metrics_test report_test task_runner_test"
+  site_metrics_test report_test task_runner_test server_optimizer_test"
 
 # Compile time is most of this script's time on a 2-core machine, and most of
 # it goes to the tests' own code (GoogleTest's macros) at -O2/-O3. The tests'
