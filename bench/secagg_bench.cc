@@ -93,9 +93,10 @@ int Main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &flags)) return 2;
   const size_t words = static_cast<size_t>(flags.mib) << 18;  // 4 B each
   const double bytes = static_cast<double>(words) * 4;
-  std::printf("secure aggregation, one core: %d MiB model (%zu F32 values), "
-              "%d trainers, %d dropped, best of %d\n",
-              flags.mib, words, flags.trainers, flags.dropped, flags.repeat);
+  std::printf(
+      "secure aggregation, one core: %d MiB model (%zu F32 values), "
+      "%d trainers, %d dropped, best of %d\n",
+      flags.mib, words, flags.trainers, flags.dropped, flags.repeat);
   std::mt19937 engine(1);
   std::vector<float> values(words);
   std::normal_distribution<float> normal(0.0f, 0.01f);
@@ -114,7 +115,7 @@ int Main(int argc, char** argv) {
   const security::AesCtrMaskGenerator prg;
   const secagg::Seed seed = SeedOf(engine);
   const double mask = Best(flags.repeat, [&] {
-    prg.Apply(seed, false, 0, absl::MakeSpan(encoded));
+    if (!prg.Apply(seed, false, 0, absl::MakeSpan(encoded)).ok()) std::abort();
   });
   Print("one mask (keystream added mod 2^32)", bytes, mask,
         absl::StrFormat("%.2f x the limit", aes / mask));
@@ -143,8 +144,10 @@ int Main(int argc, char** argv) {
   }
   const secagg::Seed self_seed = SeedOf(engine);
   const double trainer = Best(flags.repeat, [&] {
-    secagg::MaskUpdate(prg, "site-0", self_seed, pairs, 0,
-                       absl::MakeSpan(encoded));
+    if (!secagg::MaskUpdate(prg, "site-0", self_seed, pairs, 0,
+                            absl::MakeSpan(encoded))
+             .ok())
+      std::abort();
   });
   Print("trainer: mask one update", bytes, trainer,
         absl::StrCat(flags.trainers, " masks"));
@@ -155,13 +158,14 @@ int Main(int argc, char** argv) {
   for (int i = 0; i < counted; ++i) {
     unmasking.self_seeds.push_back(SeedOf(engine));
     for (int d = 0; d < flags.dropped; ++d) {
-      unmasking.dropped_pairs.push_back(
-          {absl::StrCat("site-", i), absl::StrCat("site-", counted + d),
-           SeedOf(engine)});
+      unmasking.dropped_pairs.push_back({absl::StrCat("site-", i),
+                                         absl::StrCat("site-", counted + d),
+                                         SeedOf(engine)});
     }
   }
   const double aggregator = Best(flags.repeat, [&] {
-    secagg::UnmaskSum(prg, unmasking, 0, absl::MakeSpan(encoded));
+    if (!secagg::UnmaskSum(prg, unmasking, 0, absl::MakeSpan(encoded)).ok())
+      std::abort();
   });
   Print("aggregator: unmask the sum", bytes, aggregator,
         absl::StrCat(counted + counted * flags.dropped, " masks"));

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -35,8 +36,10 @@ class MaskGenerator {
   virtual ~MaskGenerator() = default;
   // values[i] += word[offset + i] of the seed's stream (or -= with
   // `subtract`), mod 2^32. `offset` lets a model be masked chunk by chunk.
-  virtual void Apply(const Seed& seed, bool subtract, uint64_t offset,
-                     absl::Span<uint32_t> values) const = 0;
+  // An error (the cipher library failed) may leave `values` partly masked:
+  // the caller drops them.
+  virtual absl::Status Apply(const Seed& seed, bool subtract, uint64_t offset,
+                             absl::Span<uint32_t> values) const = 0;
 };
 
 struct PairSeed {
@@ -46,9 +49,9 @@ struct PairSeed {
 
 // Masks trainer `self`'s encoded update (`values`, words offset.. of the
 // model) in place with its self mask and its pairwise masks.
-void MaskUpdate(const MaskGenerator& prg, absl::string_view self,
-                const Seed& self_seed, absl::Span<const PairSeed> pairs,
-                uint64_t offset, absl::Span<uint32_t> values);
+absl::Status MaskUpdate(const MaskGenerator& prg, absl::string_view self,
+                        const Seed& self_seed, absl::Span<const PairSeed> pairs,
+                        uint64_t offset, absl::Span<uint32_t> values);
 
 // What removes the masks from the sum of the counted uploads.
 struct Unmasking {
@@ -66,8 +69,8 @@ struct Unmasking {
 
 // Removes the masks from `sum` (words offset.. of the summed model), in
 // place: what is left is the sum of the counted trainers' encodings.
-void UnmaskSum(const MaskGenerator& prg, const Unmasking& unmasking,
-               uint64_t offset, absl::Span<uint32_t> sum);
+absl::Status UnmaskSum(const MaskGenerator& prg, const Unmasking& unmasking,
+                       uint64_t offset, absl::Span<uint32_t> sum);
 
 // Whether trainer `self` adds (true) or subtracts its pairwise mask with
 // `peer`.

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "persist/atomic_file.h"
 
 namespace swarm::secagg {
 
@@ -86,6 +87,23 @@ absl::StatusOr<RevealLedger> RevealLedger::Parse(absl::string_view text) {
     }
   }
   return ledger;
+}
+
+absl::StatusOr<RevealLedger> LoadRevealLedger(const std::string& path) {
+  absl::StatusOr<std::string> text = persist::ReadFileToString(path);
+  if (absl::IsNotFound(text.status())) return RevealLedger();
+  if (!text.ok()) return text.status();
+  absl::StatusOr<RevealLedger> ledger = RevealLedger::Parse(*text);
+  if (!ledger.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", ledger.status().message()));
+  }
+  return ledger;
+}
+
+absl::Status SaveRevealLedger(const std::string& path,
+                              const RevealLedger& ledger) {
+  return persist::WriteFileAtomically(path, ledger.Serialize());
 }
 
 }  // namespace swarm::secagg

@@ -65,6 +65,17 @@ class RevealLedger {
   std::map<std::pair<uint32_t, std::string>, Entry> entries_;
 };
 
+// The ledger in the file at `path` (a job's workspace folder holds it); an
+// empty ledger when the file does not exist yet. DataLoss naming the file
+// for a damaged one.
+absl::StatusOr<RevealLedger> LoadRevealLedger(const std::string& path);
+
+// Writes `ledger` to `path` atomically and durably (the file and its
+// folder are synced before this returns): what it records may leave the
+// site only after this succeeded.
+absl::Status SaveRevealLedger(const std::string& path,
+                              const RevealLedger& ledger);
+
 }  // namespace swarm::secagg
 
 #endif  // SWARM_SECAGG_REVEAL_LEDGER_H_

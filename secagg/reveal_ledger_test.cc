@@ -1,7 +1,11 @@
 #include "secagg/reveal_ledger.h"
 
+#include <filesystem>
+#include <string>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "persist/atomic_file.h"
 
 namespace swarm::secagg {
 namespace {
@@ -52,6 +56,27 @@ TEST(RevealLedgerTest, ACorruptLedgerIsRefusedNamingTheLine) {
       "1 0 self-share site-b site-a\n1 1 pair-seed site-b site-c\n");
   ASSERT_FALSE(broken.ok());
   EXPECT_THAT(broken.status().message(), HasSubstr("breaks the rule"));
+}
+
+TEST(RevealLedgerTest, TheFileKeepsItAcrossARestartAndRefusesDamage) {
+  const std::string dir =
+      std::filesystem::path(::testing::TempDir()) / "reveal_ledger_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/secagg-reveals.txt";
+  absl::StatusOr<RevealLedger> fresh = LoadRevealLedger(path);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->size(), 0u);
+  ASSERT_TRUE(fresh->Record(3, 0, "site-b", Reveal::kSelfShare, "site-a").ok());
+  ASSERT_TRUE(SaveRevealLedger(path, *fresh).ok());
+  absl::StatusOr<RevealLedger> reloaded = LoadRevealLedger(path);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_FALSE(reloaded->Check(3, "site-b", Reveal::kPairSeed).ok());
+  ASSERT_TRUE(persist::WriteFileAtomically(path, "3 0 nonsense\n").ok());
+  absl::StatusOr<RevealLedger> damaged = LoadRevealLedger(path);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.status().message(), HasSubstr("secagg-reveals.txt"));
 }
 
 }  // namespace

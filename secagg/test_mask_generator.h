@@ -12,8 +12,8 @@ namespace swarm::secagg {
 
 class TestGenerator final : public MaskGenerator {
  public:
-  void Apply(const Seed& seed, bool subtract, uint64_t offset,
-             absl::Span<uint32_t> values) const override {
+  absl::Status Apply(const Seed& seed, bool subtract, uint64_t offset,
+                     absl::Span<uint32_t> values) const override {
     uint64_t key = 0;
     for (uint8_t b : seed) key = key * 131 + b;
     for (size_t i = 0; i < values.size(); ++i) {
@@ -23,6 +23,7 @@ class TestGenerator final : public MaskGenerator {
       const uint32_t word = static_cast<uint32_t>(z ^ (z >> 31));
       values[i] = subtract ? values[i] - word : values[i] + word;
     }
+    return absl::OkStatus();
   }
 };
 

@@ -68,12 +68,12 @@ absl::Status TrainerSession::KeepShare(const std::string& from,
   return absl::OkStatus();
 }
 
-void TrainerSession::Mask(const MaskGenerator& prg, uint64_t offset,
-                          absl::Span<uint32_t> encoded) const {
+absl::Status TrainerSession::Mask(const MaskGenerator& prg, uint64_t offset,
+                                  absl::Span<uint32_t> encoded) const {
   std::vector<PairSeed> pairs;
   pairs.reserve(pair_seeds_.size());
   for (const auto& [peer, seed] : pair_seeds_) pairs.push_back({peer, seed});
-  MaskUpdate(prg, options_.self, self_seed_, pairs, offset, encoded);
+  return MaskUpdate(prg, options_.self, self_seed_, pairs, offset, encoded);
 }
 
 absl::StatusOr<UnmaskAnswer> TrainerSession::Answer(

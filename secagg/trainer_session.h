@@ -64,8 +64,8 @@ class TrainerSession {
   absl::Status KeepShare(const std::string& from, const Share& share);
 
   // Masks this trainer's encoded update (words offset.. of the model).
-  void Mask(const MaskGenerator& prg, uint64_t offset,
-            absl::Span<uint32_t> encoded) const;
+  absl::Status Mask(const MaskGenerator& prg, uint64_t offset,
+                    absl::Span<uint32_t> encoded) const;
 
   // The answer to `aggregator`'s unmasking request at this session's
   // attempt. INVALID_ARGUMENT when a name is both counted and dropped;

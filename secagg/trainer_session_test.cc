@@ -79,7 +79,7 @@ struct Swarm {
 
   std::vector<uint32_t> Upload(const std::string& name) const {
     std::vector<uint32_t> upload = inputs.at(name);
-    sessions.at(name).Mask(prg, 0, absl::MakeSpan(upload));
+    EXPECT_TRUE(sessions.at(name).Mask(prg, 0, absl::MakeSpan(upload)).ok());
     return upload;
   }
   bool Adjacent(const std::string& a, const std::string& b) const {
@@ -122,7 +122,7 @@ void ExpectUnmasks(Swarm& swarm, const std::set<std::string>& dropped,
   };
   absl::StatusOr<Unmasking> plan = PlanUnmasking(request, answers);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  UnmaskSum(swarm.prg, *plan, 0, absl::MakeSpan(sum));
+  EXPECT_TRUE(UnmaskSum(swarm.prg, *plan, 0, absl::MakeSpan(sum)).ok());
   EXPECT_EQ(sum, plain);
 }
 

@@ -54,7 +54,9 @@ class Round {
     for (int j = 0; j < n_; ++j) {
       if (j != i) pairs.push_back({names_[j], pair_[i][j]});
     }
-    MaskUpdate(prg_, names_[i], self_[i], pairs, 0, absl::MakeSpan(upload));
+    EXPECT_TRUE(
+        MaskUpdate(prg_, names_[i], self_[i], pairs, 0, absl::MakeSpan(upload))
+            .ok());
     return upload;
   }
 
@@ -125,7 +127,7 @@ TEST(UnmaskPlanTest, ATrainerDroppedBeforeItsUploadCountedComesOff) {
       PlanUnmasking(round.Request(counted, dropped), answers);
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<uint32_t> sum = round.MaskedSum(counted);
-  UnmaskSum(round.prg(), *plan, 0, absl::MakeSpan(sum));
+  EXPECT_TRUE(UnmaskSum(round.prg(), *plan, 0, absl::MakeSpan(sum)).ok());
   EXPECT_EQ(sum, round.PlainSum(counted));
 }
 
@@ -139,7 +141,7 @@ TEST(UnmaskPlanTest, NoDropoutNeedsOnlyTSharesPerTrainer) {
       PlanUnmasking(round.Request(counted, {}), answers);
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<uint32_t> sum = round.MaskedSum(counted);
-  UnmaskSum(round.prg(), *plan, 0, absl::MakeSpan(sum));
+  EXPECT_TRUE(UnmaskSum(round.prg(), *plan, 0, absl::MakeSpan(sum)).ok());
   EXPECT_EQ(sum, round.PlainSum(counted));
 }
 

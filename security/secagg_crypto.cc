@@ -192,10 +192,10 @@ absl::Status AesCtrXor(absl::string_view key, absl::string_view iv,
   return absl::OkStatus();
 }
 
-void AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
-                                uint64_t offset,
-                                absl::Span<uint32_t> values) const {
-  if (values.empty()) return;
+absl::Status AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
+                                        uint64_t offset,
+                                        absl::Span<uint32_t> values) const {
+  if (values.empty()) return absl::OkStatus();
   // Start at the 16-byte block holding word `offset`.
   const uint64_t first_byte = offset * 4;
   const uint64_t block = first_byte / 16;
@@ -205,14 +205,10 @@ void AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
     counter[15 - i] = static_cast<unsigned char>((block >> (8 * i)) & 0xFF);
   }
   Owned<EVP_CIPHER_CTX> cipher(EVP_CIPHER_CTX_new());
-  // Failures here are of the library itself (allocation): nothing to
-  // recover; the values are left untouched and the unmasked sum will not
-  // decode, which the caller's checks catch.
   if (cipher == nullptr ||
       EVP_EncryptInit_ex(cipher.get(), EVP_aes_256_ctr(), nullptr, seed.data(),
                          counter.data()) != 1) {
-    DrainOpenSslErrors();
-    return;
+    return OpenSslError("the mask PRG's AES-256-CTR set-up");
   }
   constexpr size_t kChunkWords = 4096;
   static const std::array<unsigned char, kChunkWords * 4 + 16> kZeros{};
@@ -221,15 +217,13 @@ void AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
   if (skip > 0 &&
       EVP_EncryptUpdate(cipher.get(), stream.data(), &written, kZeros.data(),
                         static_cast<int>(skip)) != 1) {
-    DrainOpenSslErrors();
-    return;
+    return OpenSslError("the mask PRG's AES-256-CTR");
   }
   for (size_t done = 0; done < values.size();) {
     const size_t words = std::min(kChunkWords, values.size() - done);
     if (EVP_EncryptUpdate(cipher.get(), stream.data(), &written, kZeros.data(),
                           static_cast<int>(words * 4)) != 1) {
-      DrainOpenSslErrors();
-      return;
+      return OpenSslError("the mask PRG's AES-256-CTR");
     }
     uint32_t* out = values.data() + done;
     for (size_t k = 0; k < words; ++k) {
@@ -241,6 +235,7 @@ void AesCtrMaskGenerator::Apply(const secagg::Seed& seed, bool subtract,
     }
     done += words;
   }
+  return absl::OkStatus();
 }
 
 }  // namespace swarm::security

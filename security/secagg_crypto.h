@@ -75,8 +75,8 @@ absl::Status AesCtrXor(absl::string_view key, absl::string_view iv,
 // of the AES-256-CTR keystream keyed by the seed, counter from 0.
 class AesCtrMaskGenerator final : public secagg::MaskGenerator {
  public:
-  void Apply(const secagg::Seed& seed, bool subtract, uint64_t offset,
-             absl::Span<uint32_t> values) const override;
+  absl::Status Apply(const secagg::Seed& seed, bool subtract, uint64_t offset,
+                     absl::Span<uint32_t> values) const override;
 };
 
 }  // namespace swarm::security

@@ -116,7 +116,7 @@ TEST(SecAggCryptoTest, TheMaskStreamIsTheAesCtrKeystreamAndSeeksAnywhere) {
   for (size_t i = 0; i < seed.size(); ++i) seed[i] = static_cast<uint8_t>(i);
   const AesCtrMaskGenerator prg;
   std::vector<uint32_t> whole(10000, 0);
-  prg.Apply(seed, false, 0, absl::MakeSpan(whole));
+  EXPECT_TRUE(prg.Apply(seed, false, 0, absl::MakeSpan(whole)).ok());
   // Word k is keystream bytes 4k..4k+3, little-endian.
   std::string keystream(64, '\0');
   ASSERT_TRUE(AesCtrXor(SeedBytes(seed), std::string(16, '\0'),
@@ -132,13 +132,14 @@ TEST(SecAggCryptoTest, TheMaskStreamIsTheAesCtrKeystreamAndSeeksAnywhere) {
   std::vector<uint32_t> pieces(10000, 0);
   const std::vector<size_t> bounds = {0, 3, 5, 4099, 8191, 10000};
   for (size_t i = 0; i + 1 < bounds.size(); ++i) {
-    prg.Apply(
-        seed, false, bounds[i],
-        absl::MakeSpan(pieces).subspan(bounds[i], bounds[i + 1] - bounds[i]));
+    EXPECT_TRUE(prg.Apply(seed, false, bounds[i],
+                          absl::MakeSpan(pieces).subspan(
+                              bounds[i], bounds[i + 1] - bounds[i]))
+                    .ok());
   }
   EXPECT_EQ(pieces, whole);
   // Subtracting takes it off again.
-  prg.Apply(seed, true, 0, absl::MakeSpan(pieces));
+  EXPECT_TRUE(prg.Apply(seed, true, 0, absl::MakeSpan(pieces)).ok());
   EXPECT_EQ(pieces, std::vector<uint32_t>(10000, 0));
 }
 
@@ -175,8 +176,9 @@ TEST(SecAggCryptoTest, AMaskedUpdateLooksUniformWhereThePlainOneDoesNot) {
       {"site-c",
        *me->PairSeed(c->public_key(), {"j", 0, 0, "site-b", "site-c"})}};
   const AesCtrMaskGenerator prg;
-  secagg::MaskUpdate(prg, "site-b", self_seed, pairs, 0,
-                     absl::MakeSpan(update));
+  EXPECT_TRUE(secagg::MaskUpdate(prg, "site-b", self_seed, pairs, 0,
+                                 absl::MakeSpan(update))
+                  .ok());
   EXPECT_LT(ByteChiSquare(update), 330.0);
 }
 
