@@ -128,7 +128,17 @@ class FrameRelayTest : public ::testing::Test {
   NextHop hop_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
-  StreamWatchdog watchdog_;
+  // A relay's stream forgets itself in the watchdog when its last owner
+  // lets it go, which may be gRPC's thread finishing the call's OnDone
+  // after the test saw the answer and ended (CI, under ASan: a heap use
+  // after free of a watchdog that was the fixture's member). One watchdog
+  // for the whole process, never destroyed (and still reachable, so not a
+  // leak), outlives every stream.
+  static StreamWatchdog& ProcessWatchdog() {
+    static StreamWatchdog* const watchdog = new StreamWatchdog();
+    return *watchdog;
+  }
+  StreamWatchdog& watchdog_ = ProcessWatchdog();
 };
 
 TEST_F(FrameRelayTest, ForwardsEveryFrameInOrderAndReturnsTheReply) {
