@@ -5,9 +5,9 @@
 // ends here. No field is reset one by one: a completion of something a run
 // no longer holds finds nothing and is dropped.
 //
-// Plain data: the machine (site_machine*.cc) reads and changes it; the
-// trainer's round (Training) changes phase only through its Become* calls
-// (controller/trainer_task.h).
+// JobRun's own fields are the job's shared record: the roles (Work's
+// TrainerRole, ScatterRole, AggregatorRole and FinaleRole) read and change
+// them through SiteContext::run(); each role's own state is private to it.
 #ifndef SWARM_CONTROLLER_JOB_RUN_H_
 #define SWARM_CONTROLLER_JOB_RUN_H_
 
@@ -23,163 +23,25 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "controller/admission.h"
-#include "controller/aggregation_round.h"
-#include "controller/fan_out.h"
+#include "controller/aggregator_role.h"
+#include "controller/finale_role.h"
 #include "controller/job_view.h"
 #include "controller/lineage.h"
 #include "controller/machine_events.h"
-#include "controller/trainer_task.h"
+#include "controller/scatter_role.h"
+#include "controller/site_context.h"
+#include "controller/trainer_role.h"
 #include "model/model.h"
 #include "proto/swarm.pb.h"
 
 namespace swarm::site {
 
-// What an outgoing call is for.
-struct Call {
-  enum class Purpose {
-    kTaskToTrainer,
-    kTaskToAggregator,
-    kAskPermission,
-    kSubmit,
-    kFinal,
-    kShareBest,
-    kHandoff,  // A trainer hands its round to an aggregator (failover).
-    // The newer round's task to a trainer that handed over a round this
-    // site is past (its scatter was lost with its aggregator).
-    kCatchUp,
-    // Chain reduction: the chain's first trainer streams its result to
-    // the second (the answer comes once the aggregator took the sum).
-    kChainSubmit,
-  };
-  Purpose purpose = Purpose::kTaskToTrainer;
-  std::string target;
-  uint32_t round = 0;
-  uint64_t broadcast = 0;  // kFinal: which broadcast.
-  bool probe = false;      // kAskPermission: a liveness probe.
-  // kTaskToTrainer sent as a broadcast: the sites the stream goes along,
-  // `target` first.
-  std::vector<std::string> chain;
-};
-// What a timer is for.
-struct Timer {
-  enum class Purpose {
-    kRoundDeadline,
-    kHeldPermission,
-    kAskAgain,
-    // Drop the expected trainers not heard from for two failover
-    // timeouts (down, frozen, or silent after a handoff); look again.
-    kComeForward,
-    // A scatter's first acknowledgement came a failover timeout ago: go
-    // on without the trainers still silent.
-    kScatterGrace,
-    // A LAST broadcast's first acknowledgement came a failover timeout
-    // ago: BEST goes to the sites that acknowledged, the rest follow.
-    kFinalGrace,
-    // A trainer configured start_timeout ago that never got a learn task
-    // leaves the job (the start never came).
-    kStartDeadline,
-    // LAST came final_result_ack_timeout ago and BEST never followed.
-    kBestDeadline,
-  };
-  Purpose purpose = Purpose::kRoundDeadline;
-  uint32_t round = 0;
-  RequestId request = 0;
-  uint64_t training = 0;
-  uint64_t broadcast = 0;
-};
-// A scatter waiting for the trainers' acknowledgements.
-struct Scatter {
-  v1::ModelHeader header;  // The trainers' learn task.
-  std::shared_ptr<const Model> global;
-  // The trainers' answers: missed are those the task did not reach, and
-  // why; the grace is for the trainers still silent.
-  FanOut answers;
-  // Broadcast: the aggregator kept the chain's copy (its task goes
-  // without a body).
-  bool aggregator_holds_copy = false;
-};
 // The operator's Start (or resume), answered once the first round's
 // aggregator acknowledged its learn task (or the start failed): the
 // reply lists the trainers the round's task did not reach.
 struct PendingStart {
   RequestId request = 0;
   uint32_t round = 0;
-};
-// A round this site gathers, all in one place: its rules and aggregate
-// (AggregationRound, which owns the results), and what the machine keeps
-// beside them: its attempt and chain, when each trainer was last heard from
-// (a probe, a request, a result; InfiniteFuture while it holds a slot), its
-// deadline timer. Trainers probe their aggregator every half failover
-// timeout, so one silent for two failover timeouts is down or frozen.
-struct RoundState {
-  std::unique_ptr<AggregationRound> round;  // Never null.
-  // When the round's deadline timer is armed for (InfinitePast: none).
-  absl::Time armed = absl::InfinitePast();
-  uint32_t attempt = 0;
-  Lineage lineage;
-  bool handoff = false;
-  absl::Time opened;
-  std::map<std::string, absl::Time> heard;
-  // Chain reduction: trainers put into a chain whose partial sum has not
-  // come yet (they are not asked to join another).
-  std::set<std::string> chained;
-  // The round is over but results are still being added: it closes once
-  // the last add ends (CloseRound).
-  bool close_when_added = false;
-  // Trainers that reported they stopped training for the job for good
-  // (their privacy budget spent: ModelHeader.trainer_stopped).
-  std::set<std::string> stopped;
-};
-struct Held {
-  v1::SubmitPermissionRequest ask;
-  absl::Time until;
-};
-// A final-model broadcast: LAST, then BEST (or asking its holder).
-// Each target's call retries for final_result_ack_timeout (a site back
-// from a restart then gets it). BEST follows LAST per site: to the sites
-// that acknowledged LAST once all did or a failover timeout after the
-// first, and to each later one as it acknowledges.
-struct Broadcast {
-  v1::ModelKind kind = v1::MODEL_KIND_UNSPECIFIED;
-  // The sites' answers; once the grace ended, BEST went out to the
-  // acknowledged ones.
-  FanOut answers;
-  // After LAST: what to do for BEST.
-  bool then_best = false;
-  std::shared_ptr<const Model> best_model;
-  v1::BestRecord best;
-  uint32_t last_round = 0;
-};
-// Rounds closed and being aggregated, with their verdict.
-struct Closing {
-  v1::BestRecord best;
-  std::optional<double> input_score;
-  uint32_t attempt = 0;
-  Lineage lineage;
-  std::string stop_reason;  // Set: finish after this round (early stop).
-};
-// Scatters the next round of `round`'s aggregate, or finishes the job.
-// The round's model as a broadcast brought it to this site, the round's
-// aggregator, kept for its own task (header.body_held).
-struct HeldTaskCopy {
-  v1::ModelHeader header;
-  std::shared_ptr<const Model> model;
-};
-// Asking holders in turn to share BEST (SendBest).
-struct BestAsk {
-  v1::ShareBestRequest request;
-  std::vector<std::string> holders;
-  size_t next = 0;
-  absl::Status first_error;
-};
-// Writes with map_back: a lean aggregate waiting for its write and
-// mapping before it goes on (ScatterRound or FinishJob), so that whatever
-// would hold the model in memory beside its file (the next round's base,
-// the sends, this site's own training) holds the mapping instead.
-struct AfterGlobal {
-  uint32_t round = 0;
-  Closing closing;
-  std::shared_ptr<const Model> model;  // The aggregate in memory.
 };
 // Final models being written, and the requests waiting for them.
 struct PendingFinal {
@@ -189,26 +51,20 @@ struct PendingFinal {
 };
 
 // What is under way in a job at this site: every call, timer, round,
-// training and broadcast in flight. Created with the job, replaced whole
-// when the job ends here (EndActivity): a completion of something it no
-// longer holds finds nothing and is dropped.
+// training and broadcast in flight, in the role that owns it, and the calls
+// and timers by id (each names its role). Created with the job, replaced
+// whole when the job ends here (EndActivity): a completion of something it
+// no longer holds finds nothing and is dropped.
 struct Work {
-  std::optional<Training> training;
-  // The rounds this site gathers, then (closed) aggregates.
-  std::map<uint32_t, RoundState> rounds;
-  std::map<uint32_t, Closing> aggregating;
+  explicit Work(SiteContext* site)
+      : trainer(site), scatter(site), aggregator(site), finale(site) {}
   std::map<CallId, Call> calls;
   std::map<TimerId, Timer> timers;
-  std::map<uint32_t, Scatter> scatters;
-  // Learn tasks to aggregators not yet acknowledged (kept for a failover
-  // to the round's next backup).
-  std::map<uint32_t, Scatter> aggregator_tasks;
   std::optional<PendingStart> pending_start;
-  std::map<uint64_t, BestAsk> best_asks;
-  std::map<RequestId, Held> held;
-  std::map<uint64_t, Broadcast> broadcasts;
-  std::map<PersistId, AfterGlobal> after_global;
-  std::optional<HeldTaskCopy> held_task_copy;
+  TrainerRole trainer;
+  ScatterRole scatter;
+  AggregatorRole aggregator;
+  FinaleRole finale;
 };
 
 // Everything of one job at this site (design section 9): created at
@@ -216,6 +72,7 @@ struct Work {
 // No field is reset one by one. What status shows of an ended job stays
 // until then; what was under way (`work`) goes when the job ends here.
 struct JobRun {
+  explicit JobRun(SiteContext* site) : work(site) {}
   uint64_t id = 0;                     // Numbered by the machine, from 1.
   std::shared_ptr<const JobView> job;  // Null: no job yet.
   std::string offload_dir;

@@ -1,10 +1,8 @@
-// SiteMachine: Step, the shared helpers and the operator's events; the
-// queries are in site_machine_queries.cc. The roles live beside it:
-// site_machine_trainer.cc (scatter, training, submission),
-// site_machine_aggregator.cc (the rounds this site gathers) and
-// site_machine_finale.cc (BEST and LAST).
+// SiteMachine: Step, the routing of events to the roles, SiteContext (what
+// the roles use of the site) and the operator's events; the queries are in
+// site_machine_queries.cc. The roles live beside it: trainer_role.cc,
+// scatter_role.cc, aggregator_role.cc and finale_role.cc.
 #include "controller/site_machine.h"
-#include "gatherer/server_optimizer.h"
 
 #include <algorithm>
 #include <utility>
@@ -14,6 +12,7 @@
 #include "common/overloaded.h"
 #include "config/job_config.h"
 #include "controller/replies.h"
+#include "gatherer/server_optimizer.h"
 #include "streaming/digest.h"
 
 namespace swarm {
@@ -38,7 +37,7 @@ RelayBudgets StreamBudgets(const v1::ModelHeader& header,
 }  // namespace
 
 SiteMachine::SiteMachine(SiteMachineOptions options)
-    : options_(std::move(options)), run_(std::make_unique<JobRun>()) {
+    : options_(std::move(options)), run_(std::make_unique<JobRun>(context())) {
   run_->record.self = options_.site;
 }
 
@@ -48,33 +47,38 @@ Effects SiteMachine::Step(Event event, absl::Time now) {
   now_ = std::max(now_, now);
   // One handler per kind of event: an Event alternative without one fails
   // to compile here (Overloaded's catch-all static_assert).
-  std::visit(Overloaded{
-                 [this](event::Configure& e) { OnConfigure(e); },
-                 [this](event::Start& e) { OnStart(e); },
-                 [this](event::Abort& e) { OnAbort(e); },
-                 [this](event::ModelHeader& e) { OnModelHeader(e); },
-                 [this](event::ModelBody& e) { OnModelBody(e); },
-                 [this](event::PermissionAsked& e) { OnPermissionAsked(e); },
-                 [this](event::RequestCancelled& e) { OnRequestCancelled(e); },
-                 [this](event::ShareBest& e) { OnShareBest(e); },
-                 [this](event::CallDone& e) { OnCallDone(e); },
-                 [this](event::TimerFired& e) { OnTimerFired(e); },
-                 [this](event::TrainingDone& e) { OnTrainingDone(e); },
-                 [this](event::InitialModel& e) { OnInitialModel(e); },
-                 [this](event::AggregationDone& e) { OnAggregationDone(e); },
-                 [this](event::ResultAdded& e) { OnResultAdded(e); },
-                 [this](event::PersistDone& e) { OnPersistDone(e); },
-                 [this](event::LearnerWaiting& e) { OnLearnerWaiting(e); },
-                 [this](event::Recover& e) { OnRecover(e); },
-                 Unhandled{},
-             },
-             event);
+  std::visit(
+      Overloaded{
+          [this](event::Configure& e) { OnConfigure(e); },
+          [this](event::Start& e) { OnStart(e); },
+          [this](event::Abort& e) { OnAbort(e); },
+          [this](event::ModelHeader& e) { OnModelHeader(e); },
+          [this](event::ModelBody& e) { OnModelBody(e); },
+          [this](event::PermissionAsked& e) {
+            run_->work.aggregator.OnPermissionAsked(e);
+          },
+          [this](event::RequestCancelled& e) {
+            run_->work.aggregator.OnRequestCancelled(e);
+          },
+          [this](event::ShareBest& e) { run_->work.finale.OnShareBest(e); },
+          [this](event::CallDone& e) { OnCallDone(e); },
+          [this](event::TimerFired& e) { OnTimerFired(e); },
+          [this](event::TrainingDone& e) { OnTrainingDone(e); },
+          [this](event::InitialModel& e) { OnInitialModel(e); },
+          [this](event::AggregationDone& e) { OnAggregationDone(e); },
+          [this](event::ResultAdded& e) { OnResultAdded(e); },
+          [this](event::PersistDone& e) { OnPersistDone(e); },
+          [this](event::LearnerWaiting& e) { OnLearnerWaiting(e); },
+          [this](event::Recover& e) { OnRecover(e); },
+          Unhandled{},
+      },
+      event);
   // A slot freed or a round opened: a held request may be answered now.
   // (Answering may close a round, which may change more: look again, a few
   // times at most.)
   for (int pass = 0; permission_dirty_ && pass < 4; ++pass) {
     permission_dirty_ = false;
-    AnswerHeldRequests();
+    run_->work.aggregator.AnswerHeldRequests();
   }
   permission_dirty_ = false;
   JournalStateChange();
@@ -116,8 +120,8 @@ void SiteMachine::JournalStateChange() {
 }
 
 void SiteMachine::SetIdleOrGathering() {
-  SetState(run_->work.rounds.empty() ? v1::SITE_STATE_IDLE
-                                     : v1::SITE_STATE_GATHERING);
+  SetState(run_->work.aggregator.GathersAny() ? v1::SITE_STATE_GATHERING
+                                              : v1::SITE_STATE_IDLE);
 }
 
 void SiteMachine::SetState(v1::SiteState state) {
@@ -137,35 +141,14 @@ void SiteMachine::ReportError(absl::string_view what,
   Changed();
 }
 
-void SiteMachine::DropRounds() {
-  // What they counted stays in the site's counters; nothing of theirs is in
-  // flight any more.
-  for (auto& [number, gathered] : run_->work.rounds) {
-    RoundCounters counted = gathered.round->counters();
-    counted.in_flight = 0;
-    run_->closed_rounds.Add(counted);
-    // Its aggregator removes its offload files as it goes: not here.
-    out_.push_back(
-        effect::Release{std::shared_ptr<AggregationRound>(
-            std::move(gathered.round))});
-  }
-  run_->work.rounds.clear();
-}
-
 void SiteMachine::EndActivity() {
   Work& work = run_->work;
-  if (work.training.has_value()) out_.push_back(effect::CancelTraining{});
-  DropRounds();
-  // Held requests are answered: the job is over here.
-  const v1::Reply ended = IsTerminal(run_->record.state)
-                              ? ReplyFromStatus(JobEndedHere(run_->record))
-                              : MakeReply(v1::OUTCOME_ABORTED, "job reset");
-  for (auto& [request, held] : work.held) {
-    v1::SubmitPermissionReply reply;
-    reply.set_outcome(ended.outcome());
-    reply.set_message(ended.message());
-    out_.push_back(effect::Reply{request, reply});
-  }
+  if (work.trainer.HasRound()) out_.push_back(effect::CancelTraining{});
+  // Held requests are answered: the job is over here. The gathered rounds
+  // go (their aggregators remove their offload files as they go).
+  work.aggregator.EndAll(IsTerminal(run_->record.state)
+                             ? ReplyFromStatus(JobEndedHere(run_->record))
+                             : MakeReply(v1::OUTCOME_ABORTED, "job reset"));
   if (work.pending_start.has_value()) {
     Reply(work.pending_start->request,
           MakeReply(v1::OUTCOME_REJECTED,
@@ -175,8 +158,10 @@ void SiteMachine::EndActivity() {
                                                           : run_->last_error)));
   }
   // Everything under way goes at once: its calls, timers and writes, when
-  // they end, find nothing (Stale).
-  run_->work = Work();
+  // they end, find nothing (Stale). The roles are replaced whole: one whose
+  // method is on the stack (it called Fail) finds its state gone, as the
+  // caller of Fail expects.
+  run_->work = Work(this);
   PermissionMayChange();
 }
 
@@ -185,6 +170,10 @@ bool SiteMachine::Stale(uint64_t id, uint64_t first_of_run) {
   ++stale_completions_;
   Changed();
   return true;
+}
+
+bool SiteMachine::StaleRun(uint64_t job_run) {
+  return job_run != 0 && job_run != run_->id && Stale(0, 1);
 }
 
 void SiteMachine::Fail(absl::string_view what, const absl::Status& status) {
@@ -303,8 +292,7 @@ void SiteMachine::Reply(RequestId request, v1::Reply reply) {
 v1::SiteCounters SiteMachine::Counters() const {
   v1::SiteCounters counters = run_->counters;
   RoundCounters rounds = run_->closed_rounds;
-  for (const auto& [number, gathered] : run_->work.rounds)
-    rounds.Add(gathered.round->counters());
+  run_->work.aggregator.AddCounters(&rounds);
   rounds.CopyTo(&counters);
   counters.set_stale_completions(stale_completions_);
   return counters;
@@ -322,7 +310,7 @@ void SiteMachine::ResetForJob(v1::JobConfig job, std::string offload_dir) {
           MakeReply(v1::OUTCOME_ABORTED, absl::StrCat("job ", run_->job->id(),
                                                       " was replaced here")));
   }
-  run_ = std::make_unique<JobRun>();
+  run_ = std::make_unique<JobRun>(context());
   run_->id = next_run_++;
   run_->job = std::make_shared<const JobView>(std::move(job));
   run_->offload_dir = std::move(offload_dir);
@@ -492,11 +480,12 @@ void SiteMachine::AnswerStart(uint32_t round, const Scatter* scatter,
                                         failure.ok() ? "no learn task sent"
                                                      : failure.message())));
   }
-  v1::Reply reply = MakeReply(
-      v1::OUTCOME_OK,
-      absl::StrCat("round ", round, ": learn task delivered to ",
-                   scatter->answers.acked().size(), " trainer(s) and to aggregator ",
-                   scatter->header.aggregator()));
+  v1::Reply reply =
+      MakeReply(v1::OUTCOME_OK,
+                absl::StrCat("round ", round, ": learn task delivered to ",
+                             scatter->answers.acked().size(),
+                             " trainer(s) and to aggregator ",
+                             scatter->header.aggregator()));
   for (const auto& [site, why] : scatter->answers.missed()) {
     reply.add_not_reached(absl::StrCat(site, ": ", why));
   }
@@ -535,13 +524,13 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   absl::StatusOr<ModelAdmission> answer;
   if (!admitted.ok()) {
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.handoff()) {
-      CatchUp(header);
+      run_->work.trainer.CatchUp(header);
     }
     answer = admitted.status();
   } else if (!admitted->receive_body) {
     absl::Status held = absl::OkStatus();
     if (header.kind() == v1::MODEL_KIND_LEARN_TASK) {
-      held = OnHeldTask(header, admitted->task);
+      held = run_->work.trainer.OnHeldTask(header, admitted->task);
     }
     if (held.ok()) {
       ModelAdmission admission;
@@ -554,11 +543,11 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
   } else if (header.kind() == v1::MODEL_KIND_RESULT ||
              (header.kind() == v1::MODEL_KIND_PARTIAL_SUM &&
               header.relay_to().empty())) {
-    answer = AdmitResult(header, now_);
+    answer = run_->work.aggregator.AdmitResult(header, now_);
   } else if (header.kind() == v1::MODEL_KIND_PARTIAL_SUM) {
-    answer = AdmitPartialHop(header);
+    answer = run_->work.trainer.AdmitPartialHop(header);
   } else if (header.kind() == v1::MODEL_KIND_LEARN_TASK && header.body_held()) {
-    answer = AcceptHeldTask(header);
+    answer = run_->work.trainer.AcceptHeldTask(header);
   } else {
     ModelAdmission admission;
     admission.assembler = AssemblerFor(header.kind());
@@ -568,8 +557,7 @@ void SiteMachine::OnModelHeader(event::ModelHeader& e) {
       // none): the model's tensors must match, the state may follow.
       admission.assembler.expected_specs =
           TrainableViewOf(*run_->current_global).specs();
-      if (run_->job->config().server_optimizer() !=
-          v1::SERVER_OPTIMIZER_NONE) {
+      if (run_->job->config().server_optimizer() != v1::SERVER_OPTIMIZER_NONE) {
         admission.assembler.extra_tensor_prefix = kServerOptimizerPrefix;
       }
     }
@@ -617,15 +605,18 @@ void SiteMachine::OnModelBody(event::ModelBody& e) {
     case v1::MODEL_KIND_LEARN_TASK:
       if (!e.model.ok())
         return Reply(e.request, ReplyFromStatus(e.model.status()));
-      return Reply(e.request, AcceptLearnTask(header, *e.model));
+      return Reply(e.request,
+                   run_->work.trainer.AcceptLearnTask(header, *e.model));
     case v1::MODEL_KIND_RESULT:
     case v1::MODEL_KIND_PARTIAL_SUM:
       if (header.kind() == v1::MODEL_KIND_RESULT || header.relay_to().empty()) {
-        std::optional<v1::Reply> now = OnResult(e.request, header, e.model);
+        std::optional<v1::Reply> now =
+            run_->work.aggregator.OnResult(e.request, header, e.model);
         if (now.has_value()) Reply(e.request, std::move(*now));
         return;
       }
-      return Reply(e.request, OnPartialPassedOn(header, e.model.status()));
+      return Reply(e.request, run_->work.trainer.OnPartialPassedOn(
+                                  header, e.model.status()));
     case v1::MODEL_KIND_BEST:
     case v1::MODEL_KIND_LAST: {
       if (!e.model.ok())
@@ -676,21 +667,9 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
     // waits for it. (A failed write is that job's trouble, not this one's.)
     return;
   }
-  if (auto after = run_->work.after_global.find(e.persist);
-      after != run_->work.after_global.end()) {
-    AfterGlobal next = std::move(after->second);
-    run_->work.after_global.erase(after);
-    // A failed write fails the site below (its trainers fail over). Not
-    // mapped (the driver said why): on with the model in memory, as
-    // without lean memory.
-    if (e.mapped != nullptr) {
-      ReplaceHeldModel(next.model.get(), e.mapped);
-      next.model = e.mapped;
-    }
-    if (e.status.ok() && Active()) {
-      GoOnAfter(next.round, next.closing, std::move(next.model));
-    }
-  }
+  // A lean aggregate's write: the aggregator goes on with its round (a
+  // failed write fails the site below).
+  run_->work.aggregator.OnPersistDone(e);
   if (auto durable = run_->durable_writes.find(e.persist);
       durable != run_->durable_writes.end()) {
     if (e.status.ok()) {
@@ -724,7 +703,7 @@ void SiteMachine::OnPersistDone(event::PersistDone& e) {
   absl::Status job =
       CheckJobId(run_->job.get(), options_.site, header.job_id());
   if (!job.ok()) return Reply(pending.request, ReplyFromStatus(job));
-  Reply(pending.request, AcceptFinal(header, pending.model));
+  Reply(pending.request, run_->work.finale.AcceptFinal(header, pending.model));
 }
 
 // ---------------------------------------------------------------------------
@@ -736,29 +715,16 @@ void SiteMachine::OnCallDone(event::CallDone& e) {
   if (it == run_->work.calls.end()) return;  // No longer wanted.
   const Call call = std::move(it->second);
   run_->work.calls.erase(it);
-  switch (call.purpose) {
-    case Call::Purpose::kTaskToTrainer:
-      return OnTaskToTrainerDone(call, e);
-    case Call::Purpose::kTaskToAggregator:
-      return OnTaskToAggregatorDone(call, e);
-    case Call::Purpose::kAskPermission:
-      return OnPermissionReply(call, e);
-    case Call::Purpose::kSubmit:
-      return OnSubmitDone(call, e);
-    case Call::Purpose::kChainSubmit:
-      return OnChainSubmitDone(call, e);
-    case Call::Purpose::kHandoff:
-      return OnHandoffDone(call, e);
-    case Call::Purpose::kFinal:
-      return OnFinalDone(call, e);
-    case Call::Purpose::kShareBest:
-      return OnShareBestDone(call, e);
-    case Call::Purpose::kCatchUp:
-      if (!e.reply.ok()) {
-        ReportError(absl::StrCat("round ", call.round, ": learn task to ",
-                                 call.target, " (catching up)"),
-                    e.reply.status());
-      }
+  // Back to the role that sent it.
+  switch (call.role) {
+    case site::RoleId::kTrainer:
+      return run_->work.trainer.OnCallDone(call, e);
+    case site::RoleId::kScatter:
+      return run_->work.scatter.OnCallDone(call, e);
+    case site::RoleId::kFinale:
+      return run_->work.finale.OnCallDone(call, e);
+    case site::RoleId::kAggregator:  // It sends none.
+    case site::RoleId::kSite:
       return;
   }
 }
@@ -769,57 +735,198 @@ void SiteMachine::OnTimerFired(event::TimerFired& e) {
   if (it == run_->work.timers.end()) return;
   const Timer timer = it->second;
   run_->work.timers.erase(it);
-  switch (timer.purpose) {
-    case Timer::Purpose::kRoundDeadline: {
-      RoundState* gathered = Gathered(timer.round);
-      if (gathered == nullptr) return;
-      return OnRoundReport(timer.round, gathered->round->Check(now_));
-    }
-    case Timer::Purpose::kHeldPermission: {
-      auto held = run_->work.held.find(timer.request);
-      if (held == run_->work.held.end()) return;
-      // A request waiting for a chain: the chain starts with those that
-      // asked (this one is answered with them).
-      MaybeLaunchChain(held->second.ask.round(), /*now_or_never=*/true);
-      held = run_->work.held.find(timer.request);
-      if (held == run_->work.held.end()) return;
-      v1::SubmitPermissionReply reply = DecidePermission(held->second.ask);
-      // Held as long as allowed: the trainer asks again at once.
-      if (reply.outcome() == v1::OUTCOME_RETRY) reply.set_retry_after_ms(0);
-      out_.push_back(effect::Reply{timer.request, std::move(reply)});
-      run_->work.held.erase(held);
-      return;
-    }
-    case Timer::Purpose::kAskAgain:
-      if (run_->work.training.has_value() &&
-          run_->work.training->id == timer.training &&
-          run_->work.training->ask_timer == e.timer) {
-        AskToSubmit();
-      }
-      return;
-    case Timer::Purpose::kComeForward:
-      return DropSilentTrainers(timer.round);
-    case Timer::Purpose::kScatterGrace:
-      return EndScatterWait(timer.round);
-    case Timer::Purpose::kStartDeadline:
-      if (run_->job == nullptr || run_->record.last_task_round.has_value() ||
-          run_->work.pending_start.has_value() ||
-          IsTerminal(run_->record.state)) {
-        return;
-      }
-      return Fail(
-          "start",
-          absl::DeadlineExceededError(absl::StrCat(
-              "no learn task within start_timeout_ms (",
-              absl::FormatDuration(run_->job->start_timeout()),
-              ") of being configured: the job was not started (starting site ",
-              run_->job->config().starting_site(),
-              "), or its tasks never reached this site")));
-    case Timer::Purpose::kFinalGrace:
-      return OnFinalGrace(timer.broadcast);
-    case Timer::Purpose::kBestDeadline:
-      return OnBestDeadline(timer.round);
+  // Back to the role that set it.
+  switch (timer.role) {
+    case site::RoleId::kTrainer:
+      return run_->work.trainer.OnTimerFired(e.timer, timer);
+    case site::RoleId::kScatter:
+      return run_->work.scatter.OnTimerFired(e.timer, timer);
+    case site::RoleId::kAggregator:
+      return run_->work.aggregator.OnTimerFired(e.timer, timer);
+    case site::RoleId::kFinale:
+      return run_->work.finale.OnTimerFired(e.timer, timer);
+    case site::RoleId::kSite:
+      break;
   }
+  // The site's own: the start deadline (ArmStartDeadline).
+  if (timer.purpose != Timer::Purpose::kStartDeadline || run_->job == nullptr ||
+      run_->record.last_task_round.has_value() ||
+      run_->work.pending_start.has_value() || IsTerminal(run_->record.state)) {
+    return;
+  }
+  Fail("start",
+       absl::DeadlineExceededError(absl::StrCat(
+           "no learn task within start_timeout_ms (",
+           absl::FormatDuration(run_->job->start_timeout()),
+           ") of being configured: the job was not started (starting site ",
+           run_->job->config().starting_site(),
+           "), or its tasks never reached this site")));
+}
+
+void SiteMachine::OnTrainingDone(event::TrainingDone& e) {
+  if (StaleRun(e.job_run)) return;
+  run_->work.trainer.OnTrainingDone(e);
+}
+
+void SiteMachine::OnAggregationDone(event::AggregationDone& e) {
+  if (StaleRun(e.job_run)) return;
+  run_->work.aggregator.OnAggregationDone(e);
+}
+
+void SiteMachine::OnResultAdded(event::ResultAdded& e) {
+  if (StaleRun(e.job_run)) return;
+  run_->work.aggregator.OnResultAdded(e);
+}
+
+// ---------------------------------------------------------------------------
+// Requests of one role to another
+
+void SiteMachine::ScatterRound(uint32_t round,
+                               std::shared_ptr<const Model> global,
+                               v1::BestRecord best, const Lineage& lineage,
+                               bool resume) {
+  run_->work.scatter.ScatterRound(round, std::move(global), std::move(best),
+                                  lineage, resume);
+}
+
+void SiteMachine::FinishJob(uint32_t last_round,
+                            std::shared_ptr<const Model> last,
+                            v1::BestRecord best, const std::string& reason) {
+  run_->work.finale.FinishJob(last_round, std::move(last), std::move(best),
+                              reason);
+}
+
+void SiteMachine::OpenRound(const v1::ModelHeader& header,
+                            std::shared_ptr<const Model> base) {
+  run_->work.aggregator.OpenRound(header, std::move(base));
+}
+
+void SiteMachine::Heard(uint32_t round, const std::string& trainer,
+                        absl::Time when) {
+  run_->work.aggregator.Heard(round, trainer, when);
+}
+
+bool SiteMachine::Gathers(uint32_t round) const {
+  return run_->work.aggregator.Gathers(round);
+}
+
+uint64_t SiteMachine::DropLosingWork() {
+  const uint64_t dropped = run_->work.aggregator.DropAll();
+  run_->work.scatter.DropAll();
+  return dropped;
+}
+
+bool SiteMachine::OwnResultFirst(uint32_t round) const {
+  return run_->work.trainer.OwnResultFirst(round);
+}
+
+void SiteMachine::EndTrainingAtLast(uint32_t round) {
+  run_->work.trainer.EndTrainingAtLast(round);
+}
+
+// ---------------------------------------------------------------------------
+// The job's shared record
+
+void SiteMachine::KeepBestCopy(const v1::BestRecord& best) {
+  if (!best.present()) return;
+  if (run_->best_model != nullptr && run_->best_model_round == best.round())
+    return;
+  if (run_->current_global != nullptr &&
+      run_->current_global_round == best.round()) {
+    // The round this site last trained on scored best: its input is the
+    // best model, kept until a better one (more than one site can then
+    // give BEST at the end).
+    run_->best_model = TrainableView(run_->current_global);
+    run_->best_model_round = best.round();
+    return;
+  }
+  run_->best_model.reset();  // Superseded: a better model exists elsewhere.
+}
+
+void SiteMachine::NoteFailover(uint32_t round, const std::string& from,
+                               const std::string& to,
+                               const std::string& reason) {
+  v1::Failover failover;
+  failover.set_round(round);
+  failover.set_from(from);
+  failover.set_to(to);
+  failover.set_reason(reason);
+  run_->failovers.push_back(std::move(failover));
+  while (run_->failovers.size() > 32) run_->failovers.pop_front();
+  SWARM_LOG_WARNING("round %d: failover from %s to %s (%s)", round, from, to,
+                    reason);
+  Changed();
+}
+
+void SiteMachine::SetAsideLostRounds(const Lineage& winner, uint32_t known) {
+  for (auto it = run_->kept_rounds.begin(); it != run_->kept_rounds.end();) {
+    const auto& [round, lineage] = *it;
+    uint32_t differs = 0;
+    if (CompareChains(lineage, winner, std::min(round, known), &differs) <= 0) {
+      ++it;
+      continue;
+    }
+    effect::Persist aside;
+    aside.what = effect::Persist::What::kSetAsideRound;
+    aside.persist = next_persist_++;
+    aside.job_id = run_->job->id();
+    aside.round = round;
+    aside.tag = absl::StrCat("lost-at-round-", differs, "-attempt-",
+                             AttemptOf(lineage, differs));
+    SWARM_LOG_WARNING(
+        "round %d: the model kept for it is of a chain that lost (round %d "
+        "at attempt %d); set aside as %s",
+        round, differs, AttemptOf(lineage, differs), aside.tag);
+    out_.push_back(std::move(aside));
+    it = run_->kept_rounds.erase(it);
+  }
+}
+
+void SiteMachine::NotePrivacy(
+    const google::protobuf::Map<std::string, v1::PrivacySpent>& spent) {
+  if (run_->job == nullptr) return;
+  for (const auto& [site, report] : spent) {
+    if (run_->job->Site(site) == nullptr) continue;  // Not of this job.
+    auto [it, added] = run_->privacy_spent.try_emplace(site, report);
+    if (added) continue;
+    const v1::PrivacySpent& known = it->second;
+    if (report.rounds() > known.rounds() ||
+        (report.rounds() == known.rounds() &&
+         report.epsilon() > known.epsilon())) {
+      it->second = report;
+    }
+  }
+}
+
+bool SiteMachine::LeanFor(uint64_t bytes) const {
+  return run_->job != nullptr && !run_->offload_dir.empty() &&
+         bytes >= run_->job->config().lean_memory_min_model_bytes();
+}
+
+std::string SiteMachine::LeanPath(absl::string_view what) {
+  // The job's folder (the offload folder's parent): the offload folder is
+  // emptied after every aggregation, which must not touch a file being
+  // received.
+  const size_t slash = run_->offload_dir.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : run_->offload_dir.substr(0, slash);
+  return absl::StrCat(folder, "/", what, "-", run_->next_lean_file++,
+                      ".safetensors");
+}
+
+void SiteMachine::ReplaceHeldModel(const Model* old,
+                                   std::shared_ptr<const Model> mapped) {
+  if (old == nullptr) return;
+  auto swap = [&](std::shared_ptr<const Model>& held) {
+    if (held.get() == old) held = mapped;
+  };
+  swap(run_->current_global);
+  swap(run_->best_model);
+  for (auto& [kind, model] : run_->finals) swap(model);
+  // A gathering round's base stays (its aggregator's state is immutable).
+  run_->work.trainer.ReplaceHeldModel(old, mapped);
+  run_->work.scatter.ReplaceHeldModel(old, mapped);
+  run_->work.finale.ReplaceHeldModel(old, mapped);
 }
 
 }  // namespace swarm

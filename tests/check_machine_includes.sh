@@ -9,10 +9,10 @@ set -euo pipefail
 root=$1
 cd "$root"
 forbidden='^#include [<"](grpc|grpcpp|openssl/|thread>|mutex>|shared_mutex>|condition_variable>|future>|absl/synchronization/)'
-# Every file of the machine (site_machine*.cc but its tests), so that a new
-# role file is checked without being listed here.
+# Every file of the machine (site_machine*.cc and the roles, *_role*.cc, but
+# their tests), so that a new role file is checked without being listed here.
 todo=(controller/site_machine.h controller/trainer_task.cc controller/fan_out.cc)
-for file in controller/site_machine*.cc; do
+for file in controller/site_machine*.cc controller/*_role*.cc; do
   case "$file" in *_test.cc) ;; *) todo+=("$file") ;; esac
 done
 declare -A seen=()
