@@ -11,21 +11,7 @@
 namespace swarm {
 namespace {
 
-const char* KindLabel(CallKind kind) {
-  switch (kind) {
-    case CallKind::kLearnTask:
-      return "learn_task";
-    case CallKind::kRequestToSubmit:
-      return "request_to_submit";
-    case CallKind::kSubmitResult:
-      return "submit_result";
-    case CallKind::kShareBest:
-      return "share_best";
-    case CallKind::kFinalResult:
-      return "final_result";
-  }
-  return "unknown";
-}
+const char* KindLabel(CallKind kind) { return InfoOf(kind).metric_label; }
 
 const char* OutcomeLabel(v1::Outcome outcome) {
   switch (outcome) {

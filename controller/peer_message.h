@@ -28,7 +28,6 @@ namespace swarm {
 //   controller/fake_network.cc   FakeNetwork::Deliver (the simulations)
 //   rpc/peer_client.cc           GrpcPeerTransport::SendUnary (unary kinds)
 //   rpc/peer_service.cc          the service's method (and its rule)
-//   cli/metered_transport.cc     the metrics label
 // plus the machine's sender and handler of the new kind. A model stream
 // kind also needs its ModelKind in AdmitStream (controller/admission.cc).
 enum class CallKind {
@@ -55,18 +54,22 @@ struct CallKindInfo {
   // Who may make the call (checked by the receiving site against the
   // caller's certificate and the job).
   const char* who_may_call;
+  // The call's label in metrics (swarm_peer_calls_total{kind=...}).
+  const char* metric_label;
 };
 inline constexpr CallKindInfo kCallKinds[] = {
     {CallKind::kLearnTask, "LearnTask", CallShape::kModelStream, false,
-     "the round's scatterer, a trainer handing the round over"},
+     "the round's scatterer, a trainer handing the round over", "learn_task"},
     {CallKind::kRequestToSubmit, "RequestToSubmit", CallShape::kUnary, true,
-     "a trainer of the job"},
+     "a trainer of the job", "request_to_submit"},
     {CallKind::kSubmitResult, "SubmitResult", CallShape::kModelStream, false,
-     "a trainer of the job (a result or a chain's partial sum)"},
+     "a trainer of the job (a result or a chain's partial sum)",
+     "submit_result"},
     {CallKind::kShareBest, "ShareBest", CallShape::kUnary, false,
-     "the aggregator of the final round"},
+     "the aggregator of the final round", "share_best"},
     {CallKind::kFinalResult, "FinalResult", CallShape::kModelStream, false,
-     "the final round's aggregator, or the best model's holder"},
+     "the final round's aggregator, or the best model's holder",
+     "final_result"},
 };
 constexpr bool CallKindsInOrder() {
   for (size_t i = 0; i < std::size(kCallKinds); ++i) {

@@ -6,7 +6,7 @@
 // Where the result is stands in one Phase, changed only by the Become*
 // calls below (after etcd raft's tracker/progress.go: one State, one
 // Become* per state, each saying which states it comes from). The machine
-// (site_machine_trainer.cc, site_machine_chain.cc) decides when; this type
+// (TrainerRole: trainer_role.cc, trainer_role_chain.cc) decides when; this type
 // keeps the phase and what belongs to it consistent.
 //
 //   kTraining --BecomeAsking--> kAsking --BecomeUploading--> kUploading
