@@ -62,7 +62,8 @@ std::shared_ptr<FrameRelay> FrameRelay::Start(
     grpc::ChannelInterface* channel, absl::string_view method,
     std::unique_ptr<grpc::ClientContext> context,
     const grpc::ByteBuffer& header_frame, Options options,
-    StreamWatchdog* watchdog, std::function<void()> on_room, Done done) {
+    std::shared_ptr<StreamWatchdog> watchdog, std::function<void()> on_room,
+    Done done) {
   std::shared_ptr<FrameRelay> relay(new FrameRelay());
   relay->pusher_ =
       std::make_shared<Pusher>(std::move(on_room), std::move(done));

@@ -62,7 +62,8 @@ class FrameRelay : public std::enable_shared_from_this<FrameRelay> {
       grpc::ChannelInterface* channel, absl::string_view method,
       std::unique_ptr<grpc::ClientContext> context,
       const grpc::ByteBuffer& header_frame, Options options,
-      StreamWatchdog* watchdog, std::function<void()> on_room, Done done);
+      std::shared_ptr<StreamWatchdog> watchdog, std::function<void()> on_room,
+      Done done);
 
   ~FrameRelay();
   FrameRelay(const FrameRelay&) = delete;

@@ -108,7 +108,7 @@ class FrameRelayTest : public ::testing::Test {
     context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     return FrameRelay::Start(
         channel, "LearnTask", std::move(context), Frame("header"), std::move(o),
-        &watchdog_, [outcome] { ++outcome->rooms; },
+        watchdog_, [outcome] { ++outcome->rooms; },
         [outcome](absl::StatusOr<v1::Reply> reply) {
           outcome->reply = std::move(reply);
           outcome->done.Notify();
@@ -130,15 +130,11 @@ class FrameRelayTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   // A relay's stream forgets itself in the watchdog when its last owner
   // lets it go, which may be gRPC's thread finishing the call's OnDone
-  // after the test saw the answer and ended (CI, under ASan: a heap use
-  // after free of a watchdog that was the fixture's member). One watchdog
-  // for the whole process, never destroyed (and still reachable, so not a
-  // leak), outlives every stream.
-  static StreamWatchdog& ProcessWatchdog() {
-    static StreamWatchdog* const watchdog = new StreamWatchdog();
-    return *watchdog;
-  }
-  StreamWatchdog& watchdog_ = ProcessWatchdog();
+  // after the test saw the answer and ended (CI, under ASan, once saw a heap
+  // use after free when the fixture owned the watchdog alone): the streams
+  // share it.
+  std::shared_ptr<StreamWatchdog> watchdog_ =
+      std::make_shared<StreamWatchdog>();
 };
 
 TEST_F(FrameRelayTest, ForwardsEveryFrameInOrderAndReturnsTheReply) {

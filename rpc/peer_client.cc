@@ -72,7 +72,7 @@ GrpcPeerTransport::GrpcPeerTransport(PeerChannels* channels, TaskRunner* runner,
     : channels_(channels),
       runner_(runner),
       unary_timeout_(unary_timeout),
-      watchdog_(std::make_unique<StreamWatchdog>()) {}
+      watchdog_(std::make_shared<StreamWatchdog>()) {}
 
 GrpcPeerTransport::~GrpcPeerTransport() = default;
 
@@ -226,7 +226,7 @@ void GrpcPeerTransport::SendChainHead(const v1::SiteInfo& to,
   const absl::string_view method = CallKindName(message.kind);
   std::shared_ptr<FrameRelay> relay = FrameRelay::Start(
       channels_->Get(to.address()).get(), method, std::move(context),
-      EncodeHeaderFrame(header), std::move(options), watchdog_.get(),
+      EncodeHeaderFrame(header), std::move(options), watchdog_,
       [feed] { feed->Pump(); },
       [feed, answer = StreamAnswer(to, method, std::move(done))](
           absl::StatusOr<v1::Reply> reply) {

@@ -80,7 +80,7 @@ class GrpcPeerTransport final : public PeerTransport {
   TaskRunner* const runner_;
   const absl::Duration unary_timeout_;
   std::shared_ptr<const security::ModelSigner> signer_;
-  std::unique_ptr<StreamWatchdog> watchdog_;  // Stalled broadcast heads.
+  std::shared_ptr<StreamWatchdog> watchdog_;  // Stalled broadcast heads.
 };
 
 }  // namespace swarm

@@ -131,7 +131,7 @@ PeerService::~PeerService() = default;
 PeerService::PeerService(SiteDriver* site, PeerServiceOptions options)
     : site_(site),
       options_(std::move(options)),
-      watchdog_(std::make_unique<StreamWatchdog>()) {
+      watchdog_(std::make_shared<StreamWatchdog>()) {
   // In the order of the service in proto/swarm.proto.
   AddFirstMethods();
   AddLastMethods();
@@ -447,7 +447,7 @@ grpc::ServerUnaryReactor* PeerService::Status(
       },
       [this, request](absl::Time until, std::function<void()> wake) {
         site_->WhenStatusChanges(request->known_version(), until,
-                                       std::move(wake));
+                                 std::move(wake));
       },
       [request, reply] {
         if (!request->job_id().empty() &&

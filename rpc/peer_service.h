@@ -138,7 +138,7 @@ class PeerService final : public RawModelService {
 
   SiteDriver* const site_;
   const PeerServiceOptions options_;
-  std::unique_ptr<StreamWatchdog> watchdog_;
+  std::shared_ptr<StreamWatchdog> watchdog_;
   absl::Mutex mu_;
   std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
 };

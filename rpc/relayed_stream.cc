@@ -63,7 +63,8 @@ class RelayedStream::OnwardCall final
 
 std::shared_ptr<RelayedStream> RelayedStream::Create(
     RelayProtocol::Mode mode, RelayBudgets budgets, std::string next,
-    std::string what, StreamWatchdog* watchdog, std::shared_ptr<Side> side) {
+    std::string what, std::shared_ptr<StreamWatchdog> watchdog,
+    std::shared_ptr<Side> side) {
   return std::shared_ptr<RelayedStream>(
       new RelayedStream(mode, budgets, std::move(next), std::move(what),
                         watchdog, std::move(side)));
@@ -71,9 +72,9 @@ std::shared_ptr<RelayedStream> RelayedStream::Create(
 
 RelayedStream::RelayedStream(RelayProtocol::Mode mode, RelayBudgets budgets,
                              std::string next, std::string what,
-                             StreamWatchdog* watchdog,
+                             std::shared_ptr<StreamWatchdog> watchdog,
                              std::shared_ptr<Side> side)
-    : watchdog_(watchdog),
+    : watchdog_(std::move(watchdog)),
       side_(std::move(side)),
       protocol_(mode, budgets, std::move(next), std::move(what)) {}
 

@@ -51,10 +51,10 @@ class RelayedStream : public std::enable_shared_from_this<RelayedStream> {
     virtual void OnwardDone(absl::StatusOr<v1::Reply> reply) = 0;
   };
 
-  // REQUIRES: `watchdog` outlives the stream's onward call.
   static std::shared_ptr<RelayedStream> Create(
       RelayProtocol::Mode mode, RelayBudgets budgets, std::string next,
-      std::string what, StreamWatchdog* watchdog, std::shared_ptr<Side> side);
+      std::string what, std::shared_ptr<StreamWatchdog> watchdog,
+      std::shared_ptr<Side> side);
   ~RelayedStream();
   RelayedStream(const RelayedStream&) = delete;
   RelayedStream& operator=(const RelayedStream&) = delete;
@@ -82,7 +82,8 @@ class RelayedStream : public std::enable_shared_from_this<RelayedStream> {
   using Input = std::function<void(RelayProtocol&, absl::Time)>;
 
   RelayedStream(RelayProtocol::Mode mode, RelayBudgets budgets,
-                std::string next, std::string what, StreamWatchdog* watchdog,
+                std::string next, std::string what,
+                std::shared_ptr<StreamWatchdog> watchdog,
                 std::shared_ptr<Side> side);
 
   // One input under the lock, then its actions carried out outside it.
@@ -98,7 +99,10 @@ class RelayedStream : public std::enable_shared_from_this<RelayedStream> {
   void OnWriteDone(bool ok);
   void OnOnwardEnd(absl::StatusOr<v1::Reply> reply);
 
-  StreamWatchdog* const watchdog_;
+  // Shared: the stream forgets itself in it when its last owner drops it,
+  // which can be a gRPC thread ending the onward call after the service or
+  // transport that made the stream is gone.
+  const std::shared_ptr<StreamWatchdog> watchdog_;
   const std::shared_ptr<Side> side_;
   mutable absl::Mutex mu_;
   RelayProtocol protocol_ ABSL_GUARDED_BY(mu_);

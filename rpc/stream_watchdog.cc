@@ -10,45 +10,52 @@
 
 namespace swarm {
 
-StreamWatchdog::StreamWatchdog() : thread_([this] { Run(); }) {}
+StreamWatchdog::StreamWatchdog() : thread_([state = state_] { Run(*state); }) {}
 
 StreamWatchdog::~StreamWatchdog() {
   {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    absl::MutexLock lock(&state_->mu);
+    state_->stopping = true;
   }
-  thread_.join();
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    // The last reference went on the watchdog's own thread (a cancel let
+    // the last stream go): the thread ends by itself once the cancel
+    // returns, holding its State.
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
 }
 
 void StreamWatchdog::Watch(grpc::ServerContextBase* context,
                            absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  watched_[context] = Watched{
+  absl::MutexLock lock(&state_->mu);
+  state_->watched[context] = Watched{
       deadline,
       absl::StrCat("a model stream from ", context->peer(), ": too slow"),
       [context] { context->TryCancel(); }, /*under_lock=*/true};
-  ++version_;
+  ++state_->version;
 }
 
 void StreamWatchdog::Watch(const void* key, absl::Time deadline,
                            std::string what, std::function<void()> cancel) {
-  absl::MutexLock lock(&mu_);
-  watched_[key] = Watched{deadline, std::move(what), std::move(cancel)};
-  ++version_;
+  absl::MutexLock lock(&state_->mu);
+  state_->watched[key] = Watched{deadline, std::move(what), std::move(cancel)};
+  ++state_->version;
 }
 
 void StreamWatchdog::Forget(const void* key) {
-  absl::MutexLock lock(&mu_);
-  if (watched_.erase(key) > 0) ++version_;
+  absl::MutexLock lock(&state_->mu);
+  if (state_->watched.erase(key) > 0) ++state_->version;
 }
 
-void StreamWatchdog::Run() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
+void StreamWatchdog::Run(State& state) {
+  absl::MutexLock lock(&state.mu);
+  while (!state.stopping) {
     absl::Time next = absl::InfiniteFuture();
     const absl::Time now = absl::Now();
     std::vector<std::function<void()>> unlocked;
-    for (auto it = watched_.begin(); it != watched_.end();) {
+    for (auto it = state.watched.begin(); it != state.watched.end();) {
       if (it->second.deadline <= now) {
         if (!it->second.what.empty()) {
           SWARM_LOG_WARNING("cancelling %s", it->second.what);
@@ -59,23 +66,29 @@ void StreamWatchdog::Run() {
         } else {
           unlocked.push_back(std::move(it->second.cancel));
         }
-        it = watched_.erase(it);
+        it = state.watched.erase(it);
       } else {
         next = std::min(next, it->second.deadline);
         ++it;
       }
     }
     if (!unlocked.empty()) {
-      mu_.Unlock();
-      for (const std::function<void()>& cancel : unlocked) cancel();
-      mu_.Lock();
+      state.mu.Unlock();
+      // The cancels go before the lock is taken again: the last reference
+      // to a stream (and through it to this watchdog) may go with them.
+      for (std::function<void()>& cancel : unlocked) {
+        cancel();
+        cancel = nullptr;
+      }
+      unlocked.clear();
+      state.mu.Lock();
       continue;  // The map may have changed meanwhile.
     }
-    const uint64_t version = version_;
-    auto changed = [this, version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stopping_ || version_ != version;
+    const uint64_t version = state.version;
+    auto changed = [&state, version]() ABSL_SHARED_LOCKS_REQUIRED(state.mu) {
+      return state.stopping || state.version != version;
     };
-    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+    state.mu.AwaitWithDeadline(absl::Condition(&changed), next);
   }
 }
 

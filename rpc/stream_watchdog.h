@@ -2,11 +2,20 @@
 // cannot hold a call (and what it has assembled so far) forever, and
 // forwarded streams whose next hop stopped taking frames. One thread sleeps
 // until the earliest deadline.
+//
+// Shared by the streams it watches (std::shared_ptr): a relayed stream
+// forgets itself here when its last owner lets it go, which may be a gRPC
+// thread after the service that made it is gone, or this watchdog's own
+// thread running the stream's cancel. When that drops the last reference,
+// the watchdog is destroyed on its own thread: it then lets the thread end
+// by itself (detached) instead of joining it, and the thread's state
+// (`State`) lives until the thread ends.
 #ifndef SWARM_RPC_STREAM_WATCHDOG_H_
 #define SWARM_RPC_STREAM_WATCHDOG_H_
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -56,13 +65,17 @@ class StreamWatchdog {
     // A server context's cancel runs under the lock (Forget waits for it).
     bool under_lock = false;
   };
-  void Run();
+  // What the thread uses: owned by the watchdog and the thread together.
+  struct State {
+    absl::Mutex mu;
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    // Bumped by every change, so that the thread looks again.
+    uint64_t version ABSL_GUARDED_BY(mu) = 0;
+    std::map<const void*, Watched> watched ABSL_GUARDED_BY(mu);
+  };
+  static void Run(State& state);
 
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Bumped by every change, so that the thread looks again.
-  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<const void*, Watched> watched_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
 };
 

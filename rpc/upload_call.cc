@@ -246,7 +246,7 @@ class PeerService::UploadCall final
         absl::StrCat("round ", header.round(), " ",
                      v1::ModelKind_Name(header.kind()), " from ",
                      header.sender(), next.empty() ? "" : " to ", next),
-        service_->watchdog_.get(), side_);
+        service_->watchdog_, side_);
     stream_ = stream;
     if (!ready.ok()) return stream->ReadEnd(ready);  // Tells the site.
     std::vector<grpc::ByteBuffer> header_frames;
