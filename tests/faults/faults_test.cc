@@ -2,14 +2,16 @@
 // daemons, each in its own network namespace behind a veth pair on a bridge
 // (netns.h), run short jobs while the test breaks the network, the
 // processes or the disks: random loss and a bandwidth cap on every link,
-// partitions that heal (of a bystander, and of the aggregator from half the
-// trainers), a cut link, SIGSTOP and SIGCONT, kill -9 and restart of a
-// trainer, of the starting site right after `swarmctl start`, of an
-// aggregator at each point of its round (before its task arrives, while
-// the trainers train, while gathering, between aggregation and scatter), a
-// site killed during the final distribution, all sites killed and resumed,
-// and a full disk (a small tmpfs workspace) at a trainer and at an
-// aggregator that offloads results to disk.
+// partitions that heal (of a bystander, of the aggregator from half the
+// trainers, and cuts that leave the gathering aggregator only a bridge to
+// the others, so that two chains form: issue 30), a cut link, SIGSTOP and
+// SIGCONT, kill -9 and restart of a trainer, of the starting site right
+// after `swarmctl start`, of an aggregator at each point of its round
+// (before its task arrives, while the trainers train, while gathering,
+// between aggregation and scatter), a site killed during the final
+// distribution, all sites killed and resumed, and a full disk (a small
+// tmpfs workspace) at a trainer and at an aggregator that offloads results
+// to disk.
 //
 // Each case asserts that every site ends DONE (or, where the case says so,
 // down or FAILED with the path named) with byte-identical best.safetensors
@@ -606,6 +608,200 @@ class NetFaults : public ::testing::Test {
         WaitSite(kBystander, TrainingRound(1), "s4 training round 1"));
   }
 
+  // A cut that leaves a bridge (issue 30): round `round`'s aggregator
+  // reaches only `bridge`, and the two other sites (`cut`) reach the bridge
+  // and each other but not the aggregator; the bridge reaches everyone.
+  struct BridgeCut {
+    uint32_t round = 0;
+    std::string aggregator;
+    std::string bridge;
+    std::vector<std::string> cut;
+  };
+
+  // The job of the bridge cases, with issue 30's deadlines: 10 rounds,
+  // failover timeout 5 s, round timeout 60 s. The seed is picked so that
+  // round `round`'s aggregator aggregates no earlier round: its
+  // results_accepted then counts round `round`'s results only. The
+  // aggregator and the bridge train 1 s, the two others 5 s, so that the
+  // aggregator holds its own and the bridge's result for about 4 s before
+  // the others' come. The bridge is the bystander (`bystander_bridge`) or
+  // the last of the round's election order: either way the round's first
+  // backup is on the cut side, where it takes the round over.
+  BridgeCut MakeBridgeJob(uint32_t round, bool bystander_bridge) {
+    CaseOptions options;
+    options.rounds = 10;
+    MakeJob(options);
+    job_.set_failover_timeout_ms(5000);
+    job_.set_round_timeout_ms(60000);
+    auto aggregated_before = [&] {
+      for (uint32_t earlier = 0; earlier < round; ++earlier) {
+        if (Aggregator(earlier) == Aggregator(round)) return true;
+      }
+      return false;
+    };
+    while (aggregated_before()) job_.set_seed(job_.seed() + 1);
+    const std::vector<std::string> order = ElectionOrder(job_, round);
+    BridgeCut sides;
+    sides.round = round;
+    sides.aggregator = order[0];
+    sides.bridge = bystander_bridge ? kBystander : order[2];
+    auto& params = *job_.mutable_learner_params();
+    for (const std::string& site : kSites) {
+      const bool fast = site == sides.aggregator || site == sides.bridge;
+      if (!fast) sides.cut.push_back(site);
+      params[absl::StrCat("train_ms.", site)] = fast ? "1000" : "5000";
+    }
+    return sides;
+  }
+
+  // Starts the job; once round `sides.round`'s aggregator gathers and
+  // holds exactly its own result and the bridge's (the cut sites still
+  // train), cuts it from `sides.cut` for `length`, then heals.
+  void CutWithABridge(const BridgeCut& sides, absl::Duration length) {
+    const uint32_t r = sides.round;
+    ASSERT_NO_FATAL_FAILURE(Start());
+    std::vector<std::string> earlier;
+    for (uint32_t round = 0; round < r; ++round) {
+      earlier.push_back(Aggregator(round));
+    }
+    Note(absl::StrCat("seed ", job_.seed(), "; round ", r, " order ",
+                      absl::StrJoin(ElectionOrder(job_, r), ","),
+                      "; aggregators of rounds 0-", r - 1, ": ",
+                      absl::StrJoin(earlier, ",")));
+    Snapshot at_cut;
+    absl::Status waited = swarm_->WaitFor(
+        job_.job_id(),
+        [&](const Snapshot& snapshot) {
+          at_cut = snapshot;
+          return InState(
+              snapshot, sides.aggregator, [r](const v1::SiteStatus& s) {
+                return s.round() > r || s.state() == v1::SITE_STATE_DONE ||
+                       s.counters().results_accepted() >= 2;
+              });
+        },
+        absl::Now() + absl::Seconds(60 + 10 * r) * TimeScale(),
+        absl::StrCat(sides.aggregator, " to hold two results of round ", r));
+    ASSERT_TRUE(waited.ok()) << waited << swarm_->Logs();
+    absl::Status partitioned =
+        swarm_->net().Partition(sides.aggregator, sides.cut);
+    ASSERT_TRUE(partitioned.ok()) << partitioned;
+    const absl::Time cut_at = absl::Now();
+    Note(absl::StrCat("cut: ", sides.aggregator, " (round ", r,
+                      "'s aggregator) reaches only ", sides.bridge,
+                      " (the bridge) | ", absl::StrJoin(sides.cut, " "),
+                      "; for ", absl::FormatDuration(length)));
+    const v1::SiteStatus& gathering = *at_cut.at(sides.aggregator);
+    Note(absl::StrCat(sides.aggregator,
+                      " at the cut: ", gathering.ShortDebugString()));
+    ASSERT_TRUE(gathering.round() == r &&
+                gathering.counters().results_accepted() == 2)
+        << "missed the window: " << sides.aggregator
+        << " was not holding exactly two results of round " << r << "\n"
+        << NetnsSwarm::Table(at_cut);
+    for (const std::string& site : sides.cut) {
+      ASSERT_TRUE(InState(at_cut, site,
+                          [r](const v1::SiteStatus& s) {
+                            return s.counters().rounds_trained() <= r;
+                          }))
+          << "missed the window: " << site << " had trained round " << r << "\n"
+          << NetnsSwarm::Table(at_cut);
+    }
+    absl::SleepFor(cut_at + length - absl::Now());
+    ASSERT_TRUE(swarm_->net().Heal(sides.aggregator).ok());
+    Note("healed");
+  }
+
+  // After a cut with a bridge: every site must end done (none failed for
+  // being on the losing chain) with identical BEST and LAST, no result
+  // lost from the winning chain but those the cut lawfully kept out, no
+  // two sites holding different models under one kept round's name; and
+  // the cut must have split the job in two chains (a cut-off site failed
+  // the round over). Prints how often each site switched chains and what
+  // it set aside.
+  void ExpectBridgeCutEnds(const BridgeCut& sides) {
+    // The aggregator misses the cut sites' results and they its; the
+    // aggregator may also miss the round after the heal if its calls still
+    // hang on a connection the cut broke. The bridge reaches everyone.
+    Expect expect;
+    expect.unsteady = {sides.cut.begin(), sides.cut.end()};
+    expect.unsteady.insert(sides.aggregator);
+    ASSERT_NO_FATAL_FAILURE(ExpectJobCompletes(expect));
+    const Snapshot last = swarm_->Poll(job_.job_id());
+    bool split = false;
+    for (const std::string& site : sides.cut) {
+      const auto& status = last.at(site);
+      if (!status.ok()) continue;
+      for (const v1::Failover& f : status->failovers()) {
+        if (f.round() == sides.round && f.from() == sides.aggregator) {
+          split = true;
+        }
+      }
+    }
+    EXPECT_TRUE(split) << "no cut-off site failed round " << sides.round
+                       << " over from " << sides.aggregator
+                       << ": the cut did not make two chains";
+    for (const std::string& site : kSites) {
+      int switched = 0;
+      int set_aside = 0;
+      for (absl::string_view line :
+           absl::StrSplit(swarm_->Log(site, 100000), '\n')) {
+        if (absl::StrContains(line, "switching to the chain of")) ++switched;
+        if (absl::StrContains(line, "of a chain that lost")) ++set_aside;
+      }
+      const auto& status = last.at(site);
+      Note(absl::StrCat(
+          site,
+          site == sides.aggregator ? " (aggregator)"
+          : site == sides.bridge   ? " (bridge)"
+                                   : " (cut off)",
+          ": switched chains ", switched, " time(s), set aside ", set_aside,
+          " kept round model(s), discarded_aggregates ",
+          status.ok() ? status->counters().discarded_aggregates() : 0,
+          ", rounds_taken_over ",
+          status.ok() ? status->counters().rounds_taken_over() : 0));
+    }
+    absl::Status agree = CheckKeptRoundsAgree();
+    EXPECT_TRUE(agree.ok()) << agree;
+  }
+
+  // No two sites hold different bytes under one kept round model's name
+  // (rounds/round-NNNNNN.safetensors): a site that learns its chain lost
+  // sets its kept models of that chain aside
+  // (round-NNNNNN.lost-at-round-R-attempt-A.dropped.safetensors), which
+  // this lists.
+  absl::Status CheckKeptRoundsAgree() {
+    std::map<std::string, std::pair<std::string, std::string>> kept;
+    std::string problem;
+    int set_aside = 0;
+    for (const std::string& site : kSites) {
+      const std::string dir =
+          absl::StrCat(swarm_->Workspace(site), "/", job_.job_id(), "/rounds");
+      for (const std::string& file : ListFiles(dir)) {
+        if (absl::EndsWith(file, ".dropped.safetensors")) {
+          ++set_aside;
+          std::fprintf(stderr, "[ faults ] %s set aside rounds/%s\n",
+                       site.c_str(), file.c_str());
+          continue;
+        }
+        if (!absl::EndsWith(file, ".safetensors")) continue;
+        std::string bytes = ReadFileOrEmpty(absl::StrCat(dir, "/", file));
+        auto [it, inserted] = kept.emplace(file, std::pair(site, ""));
+        if (inserted) {
+          it->second.second = std::move(bytes);
+        } else if (it->second.second != bytes) {
+          absl::StrAppend(&problem, site, " and ", it->second.first,
+                          " hold different rounds/", file, "; ");
+        }
+      }
+    }
+    std::fprintf(stderr,
+                 "[ faults ] %zu kept round model names, %d set aside as of "
+                 "a losing chain\n",
+                 kept.size(), set_aside);
+    if (!problem.empty()) return absl::DataLossError(problem);
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<NetnsSwarm> swarm_;
   v1::JobConfig job_;
   absl::Time start_time_ = absl::Now();
@@ -715,6 +911,36 @@ TEST_F(NetFaults, PartitionDoesNotHoldOthersBack) {
   Expect expect;
   expect.unsteady = {kBystander};
   ExpectJobCompletes(expect);
+}
+
+// (b5) Issue 30's case, found on a real network: while round 2's
+// aggregator gathers (it holds its own result and one other trainer's,
+// the bridge's), a cut leaves it reaching only the bridge, cut from the
+// two other sites for 45 s; then the cut heals. Two chains form: the
+// cut-off sites fail round 2 over to its first backup (one of them) and go
+// on at attempt 1; the aggregator and the bridge go on at attempt 0, which
+// wins after the heal. The bridge is a candidate here, so it may aggregate
+// a round of either chain. Before the fix, a site of the losing chain
+// ended failed ("own learn task ... refused ... the lower, which wins")
+// without BEST or LAST: every site must end done with identical BEST and
+// LAST, and no two sites may keep different models for one round.
+TEST_F(NetFaults, CutWithABridgeWhileTheAggregatorGathers) {
+  const BridgeCut sides = MakeBridgeJob(2, /*bystander_bridge=*/false);
+  ASSERT_NO_FATAL_FAILURE(CutWithABridge(sides, absl::Seconds(45)));
+  ExpectBridgeCutEnds(sides);
+}
+
+// (b6) The same with a longer cut (60 s) from a later round's gathering
+// (round 4), the bystander as the bridge, so both backups are on the cut
+// side: both chains aggregate and keep several rounds during the cut.
+// Before the fix every site ended done, but the losing chain's kept round
+// models stayed in rounds/ under the winner's names, so two sites held
+// different round-NNNNNN.safetensors; now the losing chain's are set aside
+// as .dropped.safetensors once its sites learn they lost.
+TEST_F(NetFaults, LongerCutWithABridgeInALaterRound) {
+  const BridgeCut sides = MakeBridgeJob(4, /*bystander_bridge=*/true);
+  ASSERT_NO_FATAL_FAILURE(CutWithABridge(sides, absl::Seconds(60)));
+  ExpectBridgeCutEnds(sides);
 }
 
 // (c) The bystander trainer killed -9 while it trains round 1, restarted
