@@ -106,11 +106,8 @@ absl::StatusOr<Admitted> AdmitLearnTask(const JobView& job,
   const int chains =
       CompareChains(lineage, site.lineage, std::min(round, held), &differs);
   if (chains > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "learn task of round ", round, " refused: its chain aggregated round ",
-        differs, " at attempt ", AttemptOf(lineage, differs), "; site ",
-        site.self, " follows attempt ", AttemptOf(site.lineage, differs),
-        ", the lower, which wins"));
+    return LosingChainRefusal(absl::StrCat("learn task of round ", round),
+                              lineage, differs, site);
   }
   if (chains < 0) {
     admitted.task = TaskVerdict::kSwitch;
@@ -229,11 +226,8 @@ absl::StatusOr<Admitted> AdmitFinalOfChain(const JobView& job,
     const uint32_t below =
         std::min(header.final_round() + 1, *site.last_task_round);
     if (CompareChains(chain, site.lineage, below, &differs) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          v1::ModelKind_Name(header.kind()), " refused: its chain aggregated ",
-          "round ", differs, " at attempt ", AttemptOf(chain, differs),
-          "; site ", site.self, " follows attempt ",
-          AttemptOf(site.lineage, differs), ", the lower, which wins"));
+      return LosingChainRefusal(v1::ModelKind_Name(header.kind()), chain,
+                                differs, site);
     }
   }
   if (site.state == v1::SITE_STATE_DONE && site.final_lineage.has_value()) {
@@ -320,6 +314,25 @@ absl::Status JobEndedHere(const SiteRecord& site) {
     return absl::FailedPreconditionError(why);
   }
   return absl::CancelledError(why);
+}
+
+namespace {
+// The words every LosingChainRefusal carries (IsLosingChainRefusal looks
+// for them).
+constexpr char kLosingChainWords[] = " refused: its chain aggregated round ";
+}  // namespace
+
+absl::Status LosingChainRefusal(absl::string_view what, const Lineage& chain,
+                                uint32_t differs, const SiteRecord& site) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, kLosingChainWords, differs, " at attempt ",
+      AttemptOf(chain, differs), "; site ", site.self, " follows attempt ",
+      AttemptOf(site.lineage, differs), ", the lower, which wins"));
+}
+
+bool IsLosingChainRefusal(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         absl::StrContains(status.message(), kLosingChainWords);
 }
 
 absl::Status CheckJobId(const JobView* job, absl::string_view self,

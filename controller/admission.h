@@ -80,6 +80,18 @@ bool IsTerminal(v1::SiteState state);
 // will never aggregate.
 absl::Status JobEndedHere(const SiteRecord& site);
 
+// A model stream refused because the chain it comes from loses to the one
+// the receiver follows (design section 6: the lower attempt wins). The
+// refusal travels as FAILED_PRECONDITION with a message that names the
+// chains; its sender learns from it that it is on the losing side, not that
+// the receiver is unreachable (it must not fail the round over to a
+// backup, which would refuse it too, and end at itself).
+absl::Status LosingChainRefusal(absl::string_view what, const Lineage& chain,
+                                uint32_t differs, const SiteRecord& site);
+// Whether `status` (as the sender got it, prefixed by the transport) is a
+// LosingChainRefusal.
+bool IsLosingChainRefusal(const absl::Status& status);
+
 // What an admitted learn task is to this site.
 enum class TaskVerdict {
   kNew,       // A later round of this site's chain (or its first task).

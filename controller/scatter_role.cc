@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "controller/admission.h"
 #include "controller/job_run.h"
 #include "controller/replies.h"
 #include "streaming/partial_sum_sink.h"
@@ -356,31 +357,42 @@ void ScatterRole::OnTaskToAggregatorDone(const Call& call,
     aggregator_tasks_.erase(it);
     return;
   }
+  // This site follows a chain that beats the one it scattered for (it lost
+  // meanwhile), or the aggregator follows one that beats it (it says so):
+  // either way the task's chain lost (design section 6). A backup would
+  // refuse it too, and the last backup may be this site, which would then
+  // run the losing chain's rounds alone.
   const bool lost = ScatterLost(it->second.header);
-  if (call.target == self() && !e.reply.ok() && !lost) {
+  const bool losing = !lost && IsLosingChainRefusal(status);
+  if (call.target == self() && !e.reply.ok() && !lost && !losing) {
     return site_->Fail(absl::StrCat("round ", call.round, ": own learn task"),
                        status);
   }
-  if (lost || (e.reply.ok() && !ended_there)) {
+  if (lost || losing || (e.reply.ok() && !ended_there)) {
     // The aggregator answered and refused: its reason stands (another chain
     // won, or the round went on without this task). An aggregator whose job
     // failed or was aborted (OUTCOME_ABORTED) is passed over like one that
     // cannot be reached. When this site scattered the round for a chain
-    // that lost meanwhile (it follows the winner now, design section 6), its
-    // aggregate is dropped and it goes on in the winner's rounds: its own
+    // that lost (design section 6), its aggregate is dropped and it goes on
+    // in the winner's rounds (their learn task switches it over): its own
     // task (loopback) is refused for that reason too, no cause to fail.
     const std::string what =
-        lost ? absl::StrCat("dropped the learn task of a chain that lost")
-             : absl::StrCat("aggregator ", call.target,
-                            " refused its learn task");
+        lost     ? std::string("dropped the learn task of a chain that lost")
+        : losing ? absl::StrCat("aggregator ", call.target,
+                                " follows a chain that wins over this "
+                                "task's; not passing it to a backup")
+                 : absl::StrCat("aggregator ", call.target,
+                                " refused its learn task");
     site_->ReportError(absl::StrCat("round ", call.round, ": ", what), status);
     site_->AnswerStart(call.round, nullptr,
                        absl::FailedPreconditionError(
                            absl::StrCat(what, ": ", status.message())));
     aggregator_tasks_.erase(it);
-    if (lost) {
+    if (lost || losing) {
       run().counters.set_discarded_aggregates(
           run().counters.discarded_aggregates() + 1);
+    }
+    if (lost) {
       site_->SetAsideLostRounds(run().record.lineage,
                                 *run().record.last_task_round);
     }

@@ -498,12 +498,18 @@ void TrainerRole::OnHandoffDone(const Call& call, const event::CallDone& e) {
     // before, which holds the round (DeclineTakeOver).
     return FailBack(std::string(status.message()));
   }
-  if (!e.reply.ok()) return OnAggregatorTrouble(e.reply.status());
-  if (e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
+  // A backup that follows a chain beating this site's refuses the handoff
+  // for that reason: not trouble to fail over from (the next backup, this
+  // site perhaps, would take the losing chain's round alone).
+  if (!e.reply.ok() && !IsLosingChainRefusal(e.reply.status())) {
+    return OnAggregatorTrouble(e.reply.status());
+  }
+  if (e.reply.ok() && e.reply->reply.outcome() == v1::OUTCOME_ABORTED) {
     return FailOver(e.reply->reply.message());  // The backup's job ended.
   }
   // Refused: the round went on without this site (a later round is under
-  // way there, or another chain won). Its next learn task brings it back.
+  // way there, or another chain won). The winner's next learn task brings it
+  // back.
   site_->ReportError(
       absl::StrCat("round ", task.round, ": ", call.target,
                    " refused the handoff; this site's result is ", "left out"),

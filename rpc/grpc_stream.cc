@@ -148,6 +148,14 @@ void ApplyModelStreamArgs(grpc::ServerBuilder* builder,
   builder->SetMaxReceiveMessageSize(MaxModelFrameMessageBytes(limits));
   builder->SetMaxSendMessageSize(MaxModelFrameMessageBytes(limits));
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  // Peers ping every kPeerKeepaliveMs (PeerChannels): accepted, never
+  // counted as abuse (by default a server sends GOAWAY to a client pinging
+  // more often than every 5 minutes without data).
+  builder->AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      kPeerKeepaliveMs / 2);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                               kStreamWindowBytes);
 }

@@ -32,6 +32,10 @@ std::string PeerMethodPath(absl::string_view method);
 // framing. Used as the receive limit instead of "unlimited".
 int MaxModelFrameMessageBytes(const AssemblerLimits& limits);
 
+// How often a site pings each peer's connection (HTTP/2 keepalive), and how
+// long it waits for the answer before it closes a dead connection.
+inline constexpr int kPeerKeepaliveMs = 10000;
+
 // Channel and server settings for model streams: the receive limit above,
 // large HTTP/2 frames.
 void ApplyModelStreamArgs(grpc::ChannelArguments* args,

@@ -62,6 +62,18 @@ std::shared_ptr<grpc::Channel> PeerChannels::Get(const std::string& address) {
   // also each attempt's connect deadline, TLS handshake included.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A connection a network cut broke is found dead within about 20 s and
+  // closed (a ping every 10 s, 10 s for its answer, with or without calls),
+  // so calls made after the cut heals go on a fresh connection. Without
+  // keepalive, calls kept going onto the dead one and ran into their
+  // deadlines for as long as TCP retransmitted (52 s after a 60 s cut in
+  // faults_test LongerCutWithABridgeInALaterRound), failing over away from
+  // sites that were reachable again. The peer's server accepts pings this
+  // often (ApplyModelStreamArgs).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kPeerKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kPeerKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   auto channel = grpc::CreateCustomChannel(address, credentials_, args);
   channels_.emplace(address, channel);
   return channel;
